@@ -1,0 +1,1 @@
+"""Smartnumbers transcript listener (archive, facts, callbacks, named commands) — a later issue."""

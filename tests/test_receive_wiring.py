@@ -1,0 +1,121 @@
+"""Receive wired to the real discord.py pieces: SocketReader over loopback UDP, the VoiceClient
+subclass, and frames encrypted by Discord's own libdave."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+
+import discord
+import pytest
+from discord.voice_state import SocketReader
+
+from tests.support.dave_group import DaveGroup
+from tests.support.packets import DiscordSender, FakeConnection, dominant_frequency, opus_frames
+from voice.discord_client import ListeningVoiceClient
+from voice.receive import Receiver
+
+CHANNEL = 1_200_000_000_000_000_001
+BOT, ALICE, LIB = 2_000_000_000_000_000_001, 2_000_000_000_000_000_002, 2_000_000_000_000_000_003
+
+
+class _SocketState:
+    """What discord.py's SocketReader reads from its VoiceConnectionState: `.socket`."""
+
+    def __init__(self) -> None:
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.socket.bind(("127.0.0.1", 0))
+        self.socket.setblocking(False)
+
+
+async def test_loopback_udp_through_discord_socket_reader_to_the_event_loop():
+    group = DaveGroup(CHANNEL)
+    bot, alice = group.join(BOT), group.join(ALICE)
+    key = os.urandom(32)
+    conn = FakeConnection(list(key), ssrc=1, dave_session=bot, dave_protocol_version=1)
+    loop = asyncio.get_running_loop()
+    got: list[tuple[int, bytes]] = []
+    done = asyncio.Event()
+    threads: set[str] = set()
+
+    def on_loop(user_id: int, pcm: bytes) -> None:
+        got.append((user_id, pcm))
+        if len(got) == 50:
+            done.set()
+
+    def on_audio(user_id: int, ssrc: int, pcm: bytes) -> None:  # runs on the reader thread
+        threads.add(threading.current_thread().name)
+        loop.call_soon_threadsafe(on_loop, user_id, pcm)
+
+    rx = Receiver(conn, on_audio)
+    state = _SocketState()
+    reader = SocketReader(state, start_paused=False)  # type: ignore[arg-type]
+    reader.start()
+    reader.register(rx.on_packet)
+    sender = DiscordSender(777, list(key), alice)
+    out = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        rx.on_ws_message({"op": 5, "d": {"user_id": str(ALICE), "ssrc": 777, "speaking": 1}})
+        for frame in opus_frames(523.0, 50):
+            out.sendto(sender.packet(frame), state.socket.getsockname())
+        await asyncio.wait_for(done.wait(), 10)
+    finally:
+        reader.stop()
+        out.close()
+        reader.join(5)
+        state.socket.close()
+    assert {u for u, _ in got} == {ALICE}
+    assert all(name.startswith("voice-socket-reader") for name in threads)
+    freq, _ = dominant_frequency(b"".join(p for _, p in got[5:]))
+    assert abs(freq - 523.0) < 5
+
+
+def test_libdave_encrypted_frames_decode_through_the_receiver():
+    pytest.importorskip("dave")
+    from tests.support.libdave_member import LibdaveMember
+
+    group = DaveGroup(CHANNEL)
+    bot = group.join(BOT)
+    group.join(ALICE)
+    lib = LibdaveMember.join(group, LIB)
+    key = os.urandom(32)
+    conn = FakeConnection(list(key), ssrc=1, dave_session=bot, dave_protocol_version=1)
+    heard: list[tuple[int, bytes]] = []
+    rx = Receiver(conn, lambda u, s, p: heard.append((u, p)))
+    sender = DiscordSender(888, list(key), lib)  # discord.py's packet path around libdave's frames
+    for frame in opus_frames(440.0, 30):
+        rx.on_packet(sender.packet(frame))
+    assert rx.stats["identified_by_dave"] == 1 and rx.stats["ok"] == 30, rx.nonzero_stats()
+    assert {u for u, _ in heard} == {LIB}
+    freq, _ = dominant_frequency(b"".join(p for _, p in heard[5:]))
+    assert abs(freq - 440.0) < 5
+
+
+async def test_voice_client_subclass_wires_hook_listener_and_hands_audio_to_the_loop():
+    client = discord.Client(intents=discord.Intents.none())
+    client._connection.loop = asyncio.get_running_loop()
+
+    class _Guild:
+        id = 1
+
+    class _Channel:
+        id = CHANNEL
+        guild = _Guild()
+
+    vc = ListeningVoiceClient(client, _Channel())  # type: ignore[arg-type]
+    try:
+        assert vc._connection.hook is not None
+        assert vc.receiver.on_packet in vc._connection._socket_reader._callbacks
+        received: list[tuple[int, int, int]] = []
+        vc.add_sink(lambda u, s, p: received.append((u, s, len(p))))
+        await vc._connection.hook(None, {"op": 5, "d": {"user_id": str(ALICE), "ssrc": 5, "speaking": 1}})
+        assert vc.receiver.user_for_ssrc(5) == ALICE
+        worker = threading.Thread(target=vc._from_reader_thread, args=(ALICE, 5, bytes(3840)))
+        worker.start()
+        worker.join()
+        await asyncio.sleep(0)  # let the loop run the callback scheduled from the other thread
+        assert received == [(ALICE, 5, 3840)]
+    finally:
+        vc._connection._socket_reader.stop()

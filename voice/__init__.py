@@ -1,0 +1,3 @@
+"""Between ears and mouth: Discord RTP receive, playback, audio conversion, the call engine."""
+
+__version__ = "0.1.0"
