@@ -1,0 +1,180 @@
+"""Fake OpenAI Realtime **GA** server on loopback for tests.
+
+    async with FakeRealtime(script=[ToolCallReply("get_time", {}), AudioReply("It is noon")]) as fake:
+        async with websockets.connect(fake.url, additional_headers={"Authorization": "Bearer x"}) as ws:
+            ...
+        fake.assert_clean()
+
+Every received client event and every sent server event is checked with
+:mod:`tests.support.realtime_schema`; violations land in ``fake.violations``
+(and an ``error`` event is sent instead of processing / instead of the bad
+event).  ``RawReply`` / ``send_to_all(..., raw=True)`` bypass validation.
+
+Simplifications: audio must be ``audio/pcm`` 24 kHz (VAD is RMS-based on 20 ms
+frames: speech when ``rms/32768 >= 0.1 * threshold``, i.e. 0.05 for the
+default threshold 0.5); responses are audio-only; ``output_audio_buffer.clear``
+is accepted and ignored (WebRTC/SIP only); one active response at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import inspect
+import itertools
+from typing import Any, Callable, Optional, Union
+from urllib.parse import parse_qs, urlsplit
+
+from websockets.asyncio.server import ServerConnection, serve
+from websockets.exceptions import ConnectionClosed
+
+from .fake_realtime_conn import Conn
+from .fake_realtime_replies import (  # noqa: F401  (re-exported)
+    BYTES_PER_MS,
+    SAMPLE_RATE,
+    AudioReply,
+    DropReply,
+    ErrorReply,
+    RawReply,
+    Reply,
+    ReplyContext,
+    ToolCallReply,
+    b64,
+    silence_pcm16,
+    tone_pcm16,
+)
+
+__all__ = ["FakeRealtime", "AudioReply", "ToolCallReply", "ErrorReply", "DropReply", "RawReply",
+           "ReplyContext", "tone_pcm16", "silence_pcm16", "b64", "SAMPLE_RATE", "BYTES_PER_MS"]
+
+
+class FakeRealtime:
+    """Loopback fake of the Realtime GA WebSocket endpoint (see module doc)."""
+
+    def __init__(self, script: Union[None, list, Callable[[ReplyContext], Any]] = None, *,
+                 default_reply: Optional[Reply] = None, user_transcripts: Optional[list] = None,
+                 model: str = "gpt-realtime", require_auth: bool = False,
+                 vad_rms_threshold: Optional[float] = None, host: str = "127.0.0.1"):
+        self.script = list(script) if isinstance(script, (list, tuple)) else script
+        self.default_reply = default_reply or AudioReply("Okay.")
+        self.user_transcripts = list(user_transcripts or [])
+        self.model, self.require_auth, self.host = model, require_auth, host
+        self.vad_rms_threshold = vad_rms_threshold
+        self.received: list[dict] = []
+        self.sent: list[dict] = []
+        self.violations: list[str] = []
+        self.headers: list = []
+        self.paths: list[str] = []
+        self.connections = 0
+        self.response_count = 0
+        self.contexts: list[ReplyContext] = []
+        self.url = ""
+        self._conns: list[Conn] = []
+        self._ids = itertools.count(1)
+        self._server = None
+
+    # ---- lifecycle
+    async def __aenter__(self) -> "FakeRealtime":
+        self._server = await serve(self._handler, self.host, 0, process_request=self._process_request)
+        port = self._server.sockets[0].getsockname()[1]
+        self.url = f"ws://{self.host}:{port}/v1/realtime"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        for c in list(self._conns):
+            if c.active and c.active.task:
+                c.active.task.cancel()
+        self._server.close()
+        try:
+            await asyncio.wait_for(self._server.wait_closed(), 0.5)
+        except asyncio.TimeoutError:
+            self.drop_all()
+            await self._server.wait_closed()
+
+    def _process_request(self, connection: ServerConnection, request: Any) -> Any:
+        if urlsplit(request.path).path != "/v1/realtime":
+            return connection.respond(404, "Not Found\n")
+        if self.require_auth and not (request.headers.get("Authorization") or "").startswith("Bearer "):
+            return connection.respond(401, "Missing bearer token\n")
+        return None
+
+    async def _handler(self, ws: ServerConnection) -> None:
+        self.connections += 1
+        self.headers.append(ws.request.headers)
+        self.paths.append(ws.request.path)
+        if "OpenAI-Beta" in ws.request.headers:
+            self.violations.append(f"connection {self.connections}: beta header "
+                                   f"OpenAI-Beta: {ws.request.headers['OpenAI-Beta']}")
+        model = parse_qs(urlsplit(ws.request.path).query).get("model", [self.model])[0]
+        conn = Conn(self, ws, self.connections, model)
+        self._conns.append(conn)
+        try:
+            await conn.send({"type": "session.created", "session": copy.deepcopy(conn.session)})
+            async for message in ws:
+                await conn.on_message(message)
+        except ConnectionClosed:
+            pass
+        finally:
+            self._conns.remove(conn)
+            if conn.active and conn.active.task and conn.active.task is not asyncio.current_task():
+                conn.active.task.cancel()
+
+    # ---- helpers for tests
+    def new_id(self, prefix: str) -> str:
+        return f"{prefix}_{next(self._ids):06d}"
+
+    async def next_reply(self, ctx: ReplyContext) -> Reply:
+        self.contexts.append(ctx)
+        reply = None
+        if callable(self.script):
+            reply = self.script(ctx)
+            if inspect.isawaitable(reply):
+                reply = await reply
+        elif self.script:
+            reply = self.script.pop(0)
+        return reply or self.default_reply
+
+    @property
+    def session(self) -> Optional[dict]:
+        """Effective session of the most recent open connection."""
+        return self._conns[-1].session if self._conns else None
+
+    @property
+    def items(self) -> list:
+        """Conversation items of the most recent open connection."""
+        return self._conns[-1].items if self._conns else []
+
+    def received_types(self) -> list[str]:
+        return [e.get("type") for e in self.received if isinstance(e, dict)]
+
+    def sent_types(self) -> list[str]:
+        return [e.get("type") for e in self.sent]
+
+    def drop_all(self) -> None:
+        """Abort every open TCP connection (no close frame)."""
+        for c in list(self._conns):
+            c.abort()
+
+    async def send_to_all(self, event: dict, raw: bool = False) -> None:
+        """Push a server event (``event_id`` added if missing) to every connection."""
+        for c in list(self._conns):
+            await c.send(dict(event), raw=raw)
+
+    async def wait_for(self, predicate: Callable[[], Any], timeout: float = 2.0) -> Any:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not (result := predicate()):
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"timeout waiting for {predicate}")
+            await asyncio.sleep(0.005)
+        return result
+
+    async def wait_received(self, event_type: str, count: int = 1, timeout: float = 2.0) -> dict:
+        """Wait until ``count`` client events of ``event_type`` arrived; return the last."""
+        found = await self.wait_for(
+            lambda: (m := [e for e in self.received if isinstance(e, dict) and e.get("type") == event_type])
+            and len(m) >= count and m, timeout)
+        return found[-1]
+
+    def assert_clean(self) -> None:
+        if self.violations:
+            raise AssertionError("Realtime GA violations:\n  " + "\n  ".join(self.violations))

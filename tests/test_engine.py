@@ -1,0 +1,332 @@
+"""The call engine end to end against the fake GA server; every event both ways is validated."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from contextlib import asynccontextmanager
+
+import pytest
+
+from tests.support.fake_realtime import (
+    AudioReply,
+    DropReply,
+    ErrorReply,
+    FakeRealtime,
+    RawReply,
+    ToolCallReply,
+    silence_pcm16,
+    tone_pcm16,
+)
+from tests.support.virtual_transport import VirtualTransport
+from voice.call import CallOptions
+from voice.engine import CallEngine, CallFailed
+from voice.identity import Identity
+from voice.providers import OpenAIRealtime
+from voice.tools import Tool, ToolCatalogue
+from voice.transports.base import TurnContext
+
+KEY = "sk-test-NEVER-PRINT-THIS-0123456789"
+
+
+async def no_wait(_seconds: float) -> None:
+    await asyncio.sleep(0)
+
+
+class Call:
+    def __init__(self, fake: FakeRealtime, transport: VirtualTransport, engine: CallEngine) -> None:
+        self.fake, self.transport, self.engine = fake, transport, engine
+        self.transcripts: list[tuple[str, str]] = []
+
+    def say(self, speech_ms: int = 400, silence_ms: int = 700, hz: float = 300.0) -> None:
+        self.transport.push(tone_pcm16(speech_ms, hz) + silence_pcm16(silence_ms))
+
+    def received(self, kind: str) -> list[dict]:
+        return [e for e in self.fake.received if e.get("type") == kind]
+
+
+@asynccontextmanager
+async def live_call(fake: FakeRealtime, *, tools: tuple[Tool, ...] = (), endpointing: str = "server",
+                    autoplay: bool = True, backoff=(0.0, 0.0, 0.0)):
+    transport = VirtualTransport(autoplay=autoplay)
+    catalogue = ToolCatalogue()
+    for tool in tools:
+        catalogue.add(tool)
+    provider = OpenAIRealtime(KEY, "gpt-realtime-2.1-mini", "marin", url=fake.url)
+    identity = Identity("You are a test assistant.", sections={"persona": 12})
+    engine = CallEngine(provider, transport, catalogue, identity, options=CallOptions(endpointing=endpointing),
+                        sleep=no_wait, backoff=backoff)
+    call = Call(fake, transport, engine)
+    engine._on_transcript = lambda role, text: call.transcripts.append((role, text))
+    task = asyncio.create_task(engine.run())
+    try:
+        yield call
+    finally:
+        engine.stop()
+        await asyncio.wait_for(task, 5)
+
+
+def slow_tool(name: str, started: asyncio.Event, release: asyncio.Event, **kw) -> Tool:
+    async def handler(call):
+        started.set()
+        await release.wait()
+        return {"done": True}
+    return Tool(name, f"{name} for tests", {"type": "object", "properties": {}}, handler, **kw)
+
+
+# -- scenarios -------------------------------------------------------------------------------------
+
+
+async def test_plain_exchange_with_server_vad():
+    async with FakeRealtime([AudioReply("Hello there.", audio_ms=600)], user_transcripts=["hi"]) as fake:
+        async with live_call(fake) as call:
+            update = await fake.wait_received("session.update")
+            assert update["session"]["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+            assert update["session"]["audio"]["output"]["voice"] == "marin"
+            assert [t["name"] for t in update["session"]["tools"]] == ["talk_status"]
+            call.say()
+            await fake.wait_for(lambda: call.transport.finished)
+            await fake.wait_for(lambda: ("assistant", "Hello there.") in call.transcripts)
+        item = call.transport.finished[0]
+        assert call.transport.received[item] == 600 * 48  # every byte of the answer reached the speaker
+        assert ("user", "hi") in call.transcripts
+        assert fake.headers[0]["Authorization"] == f"Bearer {KEY}" and "OpenAI-Beta" not in fake.headers[0]
+        fake.assert_clean()
+
+
+async def test_tool_call_answered_once_then_one_follow_up():
+    script = [ToolCallReply("talk_status", {}), AudioReply("All systems go.")]
+    async with FakeRealtime(script) as fake:
+        async with live_call(fake) as call:
+            call.say()
+            await fake.wait_for(lambda: ("assistant", "All systems go.") in call.transcripts)
+            outputs = [e for e in call.received("conversation.item.create")
+                       if e["item"]["type"] == "function_call_output"]
+            assert len(outputs) == 1
+            status = json.loads(outputs[0]["item"]["output"])
+            assert status["provider"] == "openai" and status["model"] == "gpt-realtime-2.1-mini"
+            assert status["identity"]["sections"] == {"persona": 12}
+            assert KEY not in outputs[0]["item"]["output"]
+            assert len(call.received("response.create")) == 1  # the follow-up (the first was server VAD)
+        fake.assert_clean()
+
+
+async def test_tool_error_is_spoken_not_crashed():
+    def broken(call):
+        raise RuntimeError("database on fire")
+
+    tool = Tool("lookup", "looks things up", {"type": "object", "properties": {}}, broken)
+    async with FakeRealtime([ToolCallReply("lookup", {}), AudioReply("Sorry, that failed.")]) as fake:
+        async with live_call(fake, tools=(tool,)) as call:
+            call.say()
+            await fake.wait_for(lambda: ("assistant", "Sorry, that failed.") in call.transcripts)
+            [output] = [e for e in call.received("conversation.item.create")
+                        if e["item"]["type"] == "function_call_output"]
+            assert "database on fire" in json.loads(output["item"]["output"])["error"]
+            assert len(call.received("response.create")) == 1
+        fake.assert_clean()
+
+
+async def test_tool_timeout_is_answered_with_an_error():
+    started, release = asyncio.Event(), asyncio.Event()
+    tool = slow_tool("audit", started, release, timeout_s=0.05)
+    async with FakeRealtime([ToolCallReply("audit", {}), AudioReply("That took too long.")]) as fake:
+        async with live_call(fake, tools=(tool,)) as call:
+            call.say()
+            await fake.wait_for(lambda: ("assistant", "That took too long.") in call.transcripts)
+            [output] = [e for e in call.received("conversation.item.create")
+                        if e["item"]["type"] == "function_call_output"]
+            assert "did not finish within 0.05 seconds" in output["item"]["output"]
+        fake.assert_clean()
+
+
+async def test_slow_tool_never_stalls_audio():
+    started, release = asyncio.Event(), asyncio.Event()
+    tool = slow_tool("audit", started, release)
+    script = [ToolCallReply("audit", {}), AudioReply("Still here.", audio_ms=300), AudioReply("Audit done.")]
+    async with FakeRealtime(script) as fake:
+        async with live_call(fake, tools=(tool,)) as call:
+            call.say()
+            await asyncio.wait_for(started.wait(), 3)
+            appended = len(call.received("input_audio_buffer.append"))
+            call.say()  # the user keeps talking while the tool runs
+            await fake.wait_for(lambda: ("assistant", "Still here.") in call.transcripts, timeout=3)
+            assert len(call.received("input_audio_buffer.append")) >= appended + 55
+            release.set()
+            await fake.wait_for(lambda: ("assistant", "Audit done.") in call.transcripts, timeout=3)
+        fake.assert_clean()
+
+
+async def test_barge_in_stops_playback_truncates_at_played_ms_and_cancels_once():
+    slow = AudioReply("A very long answer.", audio_ms=3000, chunk_ms=100, delay_ms_per_chunk=15)
+    async with FakeRealtime([slow, AudioReply("Yes?")]) as fake:
+        async with live_call(fake, autoplay=False) as call:
+            call.say()
+            await fake.wait_for(lambda: sum(call.transport.received.values()) >= 500 * 48)
+            item = call.transport.play_log[0]
+            call.transport.advance(240)  # the listener heard 240 ms
+            call.transport.push(tone_pcm16(300, 300.0))  # ...then talks over the assistant
+            truncate = await fake.wait_received("conversation.item.truncate")
+            assert truncate["item_id"] == item and truncate["audio_end_ms"] == 240
+            assert call.transport.clears == 1 and not call.transport.is_playing()
+            received_at_cut = call.transport.received[item]
+            delta = next(e for e in fake.sent if e["type"] == "response.output_audio.delta")
+            late = {k: delta[k] for k in ("type", "response_id", "item_id", "output_index", "content_index")}
+            await fake.send_to_all({**late, "delta": delta["delta"]})  # in flight when the cancel landed
+            await fake.wait_for(lambda: call.engine.core.counters["stale_audio_dropped"] >= 1)
+            call.transport.push(silence_pcm16(700))
+            await fake.wait_for(lambda: ("assistant", "Yes?") in call.transcripts, timeout=3)
+            assert call.transport.received[item] == received_at_cut  # no stale audio after the cut
+            assert len(call.received("response.cancel")) == 1
+        assert call.engine.core.counters["barge_ins"] == 1
+        fake.assert_clean()
+
+
+async def test_dropped_socket_mid_answer_reconnects_and_restores_the_session():
+    script = [AudioReply("First answer."), DropReply(2, AudioReply("Cut off.", audio_ms=800)),
+              AudioReply("I'm back."), AudioReply("Second answer.")]
+    async with FakeRealtime(script, user_transcripts=["one", "two", "three"]) as fake:
+        async with live_call(fake) as call:
+            call.say()
+            await fake.wait_for(lambda: ("assistant", "First answer.") in call.transcripts)
+            call.say()
+            await fake.wait_for(lambda: fake.connections == 2, timeout=3)
+            await fake.wait_received("session.update", count=2)
+            await fake.wait_for(lambda: ("assistant", "I'm back.") in call.transcripts, timeout=3)
+            call.say()
+            await fake.wait_for(lambda: ("assistant", "Second answer.") in call.transcripts, timeout=3)
+        restored = [e["item"] for e in fake.received if e.get("type") == "conversation.item.create"]
+        texts = [c["text"] for item in restored for c in item["content"]]
+        assert "one" in texts and "First answer." in texts  # recent conversation restored
+        notice = [e for e in call.received("response.create") if e.get("response", {}).get("tool_choice") == "none"]
+        assert notice and "dropped" in notice[0]["response"]["instructions"]
+        assert call.engine.core.counters["reconnects"] == 1
+        fake.assert_clean()
+
+
+async def test_tool_result_in_flight_during_a_drop_is_delivered_after_reconnect():
+    started, release = asyncio.Event(), asyncio.Event()
+    tool = slow_tool("audit", started, release)
+    async with FakeRealtime([ToolCallReply("audit", {}, call_id="call_77"), AudioReply("I'm back."),
+                             AudioReply("Audit finished.")]) as fake:
+        async with live_call(fake, tools=(tool,)) as call:
+            call.say()
+            await asyncio.wait_for(started.wait(), 3)
+            fake.drop_all()
+            await fake.wait_received("session.update", count=2, timeout=3)
+            release.set()
+            await fake.wait_for(lambda: ("assistant", "Audit finished.") in call.transcripts, timeout=3)
+        second = [e for e in fake.received if e.get("type") == "conversation.item.create"
+                  and e["item"].get("call_id") == "call_77"]
+        assert [e["item"]["type"] for e in second] == ["function_call", "function_call_output"]
+        fake.assert_clean()
+
+
+async def test_provider_error_is_logged_and_the_call_continues(caplog):
+    caplog.set_level(logging.INFO)
+    async with FakeRealtime([ErrorReply("server_error", "the model hiccupped"), AudioReply("Recovered.")]) as fake:
+        async with live_call(fake) as call:
+            call.say()
+            await fake.wait_for(lambda: "the model hiccupped" in caplog.text)
+            call.say()
+            await fake.wait_for(lambda: ("assistant", "Recovered.") in call.transcripts, timeout=3)
+        assert call.engine.core.last_error.startswith("server_error")
+        assert KEY not in caplog.text
+        fake.assert_clean()
+
+
+async def test_unknown_event_types_are_ignored():
+    future = {"type": "response.future_thing", "event_id": "evt_x", "payload": {"a": 1}}
+    async with FakeRealtime([RawReply([future]), AudioReply("Fine.")]) as fake:
+        async with live_call(fake) as call:
+            call.say()
+            await fake.wait_for(lambda: any(e.get("type") == "response.future_thing" for e in fake.sent))
+            await fake.send_to_all({"type": "rate_limits.updated", "rate_limits": []})
+            call.say()
+            await fake.wait_for(lambda: ("assistant", "Fine.") in call.transcripts, timeout=3)
+        fake.assert_clean()
+
+
+async def test_local_endpointing_commits_with_speaker_context_and_metadata_reaches_the_tool():
+    seen: list[dict] = []
+
+    def whoami(call):
+        seen.append(dict(call.metadata))
+        return {"ok": True}
+
+    tool = Tool("whoami", "who spoke", {"type": "object", "properties": {}}, whoami)
+    async with FakeRealtime([ToolCallReply("whoami", {}), AudioReply("You are Alice.")]) as fake:
+        async with live_call(fake, tools=(tool,), endpointing="local") as call:
+            update = await fake.wait_received("session.update")
+            assert update["session"]["audio"]["input"]["turn_detection"] is None
+            call.transport.context = TurnContext("Speaker: user id 42 (display name, untrusted: \"Alice\")",
+                                                 {"speaker_ids": "42", "turn": "t1"})
+            call.say()
+            await fake.wait_for(lambda: ("assistant", "You are Alice.") in call.transcripts, timeout=3)
+        kinds = [e["type"] for e in fake.received if e["type"] != "input_audio_buffer.append"]
+        context_at = kinds.index("conversation.item.create")
+        assert kinds[context_at + 1] == "input_audio_buffer.commit"
+        assert kinds[context_at + 2] == "response.create"
+        first_create = call.received("response.create")[0]
+        assert first_create["response"]["metadata"]["speaker_ids"] == "42"
+        assert seen == [{"speaker_ids": "42", "turn": "t1"}]
+        fake.assert_clean()
+
+
+async def test_announcement_waits_for_the_floor_and_is_spoken_with_tools_off():
+    async with FakeRealtime([AudioReply("Answer."), AudioReply("That audit finished.")]) as fake:
+        async with live_call(fake) as call:
+            call.transport.push(tone_pcm16(400, 300.0))  # user starts talking...
+            await fake.wait_for(lambda: any(e.get("type") == "input_audio_buffer.speech_started" for e in fake.sent))
+            spoken = asyncio.create_task(call.engine.announce("the audit finished: three gaps"))
+            await asyncio.sleep(0)
+            assert not call.received("response.create")  # ...so the announcement waits
+            call.transport.push(silence_pcm16(700))
+            assert await asyncio.wait_for(spoken, 3) is True
+        creates = call.received("response.create")
+        assert creates[-1]["response"]["tool_choice"] == "none"
+        assert "three gaps" in creates[-1]["response"]["instructions"]
+        fake.assert_clean()
+
+
+async def test_announcement_not_delivered_when_the_call_ends_first():
+    async with FakeRealtime([]) as fake:
+        async with live_call(fake) as call:
+            call.transport.push(tone_pcm16(400, 300.0))
+            await fake.wait_for(lambda: any(e.get("type") == "input_audio_buffer.speech_started" for e in fake.sent))
+            spoken = asyncio.create_task(call.engine.announce("never heard"))
+            await asyncio.sleep(0)
+        assert await asyncio.wait_for(spoken, 3) is False
+
+
+async def test_unreachable_provider_fails_with_a_clear_message_without_the_key():
+    transport = VirtualTransport()
+    provider = OpenAIRealtime(KEY, "gpt-realtime-2.1-mini", "marin", url="ws://127.0.0.1:9/v1/realtime")
+    engine = CallEngine(provider, transport, ToolCatalogue(), Identity("x"), sleep=no_wait)
+    with pytest.raises(CallFailed) as info:
+        await engine.run()
+    assert "could not reach the voice service" in str(info.value) and KEY not in str(info.value)
+
+
+async def test_gives_up_after_the_backoff_and_says_so():
+    async with FakeRealtime([DropReply(1, AudioReply("x", audio_ms=500))]) as fake:
+        transport = VirtualTransport()
+        provider = OpenAIRealtime(KEY, "gpt-realtime-2.1-mini", "marin", url=fake.url)
+        attempts = []
+
+        async def connector(url, headers):
+            attempts.append(url)
+            if len(attempts) > 1:
+                raise OSError("connection refused")
+            from websockets.asyncio.client import connect
+            return await connect(url, additional_headers=headers)
+
+        engine = CallEngine(provider, transport, ToolCatalogue(), Identity("x"), sleep=no_wait,
+                            backoff=(0.0, 0.0), connector=connector)
+        task = asyncio.create_task(engine.run())
+        await fake.wait_received("session.update")
+        transport.push(tone_pcm16(400, 300.0) + silence_pcm16(700))
+        with pytest.raises(CallFailed, match="could not reconnect after 2 attempts"):
+            await asyncio.wait_for(task, 5)
+        assert len(attempts) == 3

@@ -1,0 +1,440 @@
+"""Tests for the GA schema validator and the fake Realtime server."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import pytest
+import websockets
+from websockets.exceptions import ConnectionClosed, ConnectionClosedError, InvalidStatus
+
+from tests.support.fake_realtime import (
+    BYTES_PER_MS,
+    AudioReply,
+    DropReply,
+    ErrorReply,
+    FakeRealtime,
+    RawReply,
+    ReplyContext,
+    ToolCallReply,
+    b64,
+    silence_pcm16,
+    tone_pcm16,
+)
+from tests.support.realtime_schema import SchemaViolation, validate_client_event, validate_server_event
+
+AUTH = {"Authorization": "Bearer sk-test"}
+
+# --------------------------------------------------------------------------- validator: accepts
+GOOD_CLIENT = [
+    {"type": "session.update", "event_id": "c1", "session": {
+        "type": "realtime", "model": "gpt-realtime", "instructions": "Be brief.", "output_modalities": ["audio"],
+        "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000},
+                            "transcription": {"model": "gpt-4o-mini-transcribe", "language": "en"},
+                            "noise_reduction": {"type": "near_field"},
+                            "turn_detection": {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300,
+                                               "silence_duration_ms": 500, "create_response": True,
+                                               "interrupt_response": True}},
+                  "output": {"format": {"type": "audio/pcm", "rate": 24000}, "voice": "marin", "speed": 1}},
+        "tools": [{"type": "function", "name": "get_time", "description": "Time now",
+                   "parameters": {"type": "object", "properties": {}}}],
+        "tool_choice": "auto"}},
+    {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {"turn_detection": None}}}},
+    {"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "semantic_vad", "eagerness": "high"}, "noise_reduction": None}}}},
+    {"type": "input_audio_buffer.append", "audio": b64(silence_pcm16(10))},
+    {"type": "input_audio_buffer.commit"},
+    {"type": "input_audio_buffer.clear", "event_id": "x"},
+    {"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c", "output": "{}"}},
+    {"type": "conversation.item.create", "previous_item_id": "root",
+     "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}},
+    {"type": "conversation.item.delete", "item_id": "item_1"},
+    {"type": "conversation.item.retrieve", "item_id": "item_1"},
+    {"type": "conversation.item.truncate", "item_id": "item_1", "content_index": 0, "audio_end_ms": 120},
+    {"type": "response.create"},
+    {"type": "response.create", "response": {
+        "conversation": "none", "metadata": {"purpose": "greeting"}, "instructions": "Say hi",
+        "output_modalities": ["audio"], "tool_choice": {"type": "function", "name": "get_time"},
+        "tools": [{"type": "function", "name": "get_time", "parameters": {"type": "object"}}],
+        "input": [{"type": "item_reference", "id": "item_1"},
+                  {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x"}]}]}},
+    {"type": "response.cancel"},
+    {"type": "response.cancel", "response_id": "resp_1"},
+    {"type": "output_audio_buffer.clear"},
+]
+
+
+def test_client_event_list_covers_all_eleven_types():
+    assert len({e["type"] for e in GOOD_CLIENT}) == 11
+
+
+@pytest.mark.parametrize("event", GOOD_CLIENT, ids=lambda e: e["type"])
+def test_accepts_valid_client_events(event):
+    validate_client_event(event)
+
+
+GOOD_SERVER = [
+    {"type": "session.created", "event_id": "e1", "session": {
+        "type": "realtime", "object": "realtime.session", "id": "sess_1", "expires_at": 1700000000,
+        "model": "gpt-realtime", "audio": {"output": {"voice": "marin"}}}},
+    {"type": "response.output_audio.delta", "event_id": "e", "response_id": "r", "item_id": "i",
+     "output_index": 0, "content_index": 0, "delta": "AAA="},
+    {"type": "response.function_call_arguments.done", "event_id": "e", "response_id": "r", "item_id": "i",
+     "output_index": 0, "call_id": "c", "name": "f", "arguments": "{}"},
+    {"type": "response.done", "event_id": "e", "response": {
+        "id": "r", "status": "cancelled", "status_details": {"type": "cancelled", "reason": "client_cancelled"},
+        "metadata": {"k": "v"}, "output": [{"type": "function_call", "name": "f", "arguments": "{}",
+                                            "call_id": "c"}]}},
+    {"type": "error", "event_id": "e", "error": {"type": "invalid_request_error",
+                                                 "code": "response_cancel_not_active", "message": "no"}},
+    {"type": "rate_limits.updated", "event_id": "e",
+     "rate_limits": [{"name": "tokens", "limit": 10, "remaining": 5, "reset_seconds": 1.5}]},
+]
+
+
+@pytest.mark.parametrize("event", GOOD_SERVER, ids=lambda e: e["type"])
+def test_accepts_valid_server_events(event):
+    validate_server_event(event)
+
+
+# --------------------------------------------------------------------------- validator: rejects
+BAD_CLIENT = [
+    # (event, fragment expected in message, expected path)
+    ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "server_vad", "bogus": 1}}}}}, "unknown key 'bogus'",
+     "session.audio.input.turn_detection.bogus"),
+    ({"type": "session.update", "session": {"type": "realtime", "voice": "alloy"}}, "unknown key 'voice'",
+     "session.voice"),
+    ({"type": "session.update", "session": {"type": "realtime", "input_audio_format": "pcm16"}},
+     "unknown key", "session.input_audio_format"),
+    ({"type": "session.update", "session": {"modalities": ["audio"], "voice": "alloy"}}, "'type'", "session"),
+    ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+        "format": {"type": "audio/pcm", "rate": 16000}}}}}, "24000", "session.audio.input.format.rate"),
+    ({"type": "session.update", "session": {"type": "realtime", "tools": [
+        {"type": "function", "name": "f", "parameters": {}, "strict": True}]}}, "unknown key", "session.tools[0].strict"),
+    ({"type": "session.update", "session": {"type": "realtime", "audio": {"input": {
+        "turn_detection": {"type": "server_vad", "create_response": "yes"}}}}}, "boolean",
+     "session.audio.input.turn_detection.create_response"),
+    ({"type": "session.update", "session": {"type": "realtime", "audio": {"output": {"speed": "fast"}}}},
+     "number", "session.audio.output.speed"),
+    ({"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": "100"},
+     "integer", "audio_end_ms"),
+    ({"type": "conversation.item.truncate", "item_id": "i", "content_index": True, "audio_end_ms": 1},
+     "integer", "content_index"),
+    ({"type": "conversation.item.create", "item": {"type": "function_call_output", "call_id": "c",
+                                                   "output": {"a": 1}}}, "string", "item.output"),
+    ({"type": "conversation.item.create", "item": {"type": "message", "role": "robot", "content": []}},
+     "message/robot", "item"),
+    ({"type": "response.create", "response": {"metadata": {f"k{i}": "v" for i in range(17)}}}, "16",
+     "response.metadata"),
+    ({"type": "response.create", "response": {"metadata": {"k": 1}}}, "string", "response.metadata.k"),
+    ({"type": "response.create", "response": {"modalities": ["audio"]}}, "unknown key", "response.modalities"),
+    ({"type": "response.create", "response": {"voice": "alloy"}}, "unknown key", "response.voice"),
+    ({"type": "response.create", "response": {"input": [{"type": "item_reference"}]}}, "'id'",
+     "response.input[0].id"),
+    ({"type": "response.create", "response": {"input": [{"type": "item_reference", "id": "x", "extra": 1}]}},
+     "unknown key", "response.input[0].extra"),
+    ({"type": "input_audio_buffer.append", "audio": b"raw"}, "string", "audio"),
+    ({"type": "input_audio_buffer.append"}, "missing required key 'audio'", "audio"),
+    ({"type": "transcription_session.update", "session": {}}, "unknown client event type", "type"),
+    ({"type": "response.audio.delta", "delta": ""}, "unknown client event type", "type"),
+    ({"type": "session.created", "event_id": "e", "session": {"type": "realtime"}}, "unknown client", "type"),
+    ({"type": "foo.bar"}, "unknown client event type 'foo.bar'", "type"),
+    ({"session": {}}, "'type'", "type"),
+]
+
+
+@pytest.mark.parametrize("event,fragment,path", BAD_CLIENT, ids=[str(i) for i in range(len(BAD_CLIENT))])
+def test_rejects_bad_client_events(event, fragment, path):
+    with pytest.raises(SchemaViolation) as info:
+        validate_client_event(event)
+    assert fragment in str(info.value)
+    assert info.value.path == path
+    if "type" in event and isinstance(event["type"], str):
+        assert repr(event["type"]) in str(info.value)  # message names the event type
+
+
+BAD_SERVER = [
+    ({"type": "response.output_audio.delta", "response_id": "r", "item_id": "i", "output_index": 0,
+      "content_index": 0, "delta": ""}, "'event_id'"),
+    ({"type": "response.audio.delta", "event_id": "e", "delta": ""}, "GA uses 'response.output_audio.delta'"),
+    ({"type": "response.audio_transcript.delta", "event_id": "e", "delta": ""}, "beta name"),
+    ({"type": "response.text.delta", "event_id": "e", "delta": ""}, "beta name"),
+    ({"type": "session.created", "event_id": "e", "session": {"type": "realtime", "id": "s", "foo": 1}},
+     "unknown key 'foo'"),
+    ({"type": "session.created", "event_id": "e", "session": {"type": "realtime", "id": None}}, "session.id"),
+    ({"type": "session.updated", "event_id": "e", "session": {"type": "realtime", "voice": "alloy"}},
+     "unknown key 'voice'"),
+    ({"type": "error", "event_id": "e", "error": {"type": "x"}}, "'message'"),
+    ({"type": "response.done", "event_id": "e", "response": {"status": "exploded"}}, "response.status"),
+    ({"type": "response.done", "event_id": "e", "response": {"output": [
+        {"type": "function_call", "name": "f", "arguments": {"a": 1}}]}}, "response.output[0].arguments"),
+    ({"type": "input_audio_buffer.speech_started", "event_id": "e", "item_id": "i", "audio_start_ms": 1.5},
+     "audio_start_ms"),
+]
+
+
+@pytest.mark.parametrize("event,fragment", BAD_SERVER, ids=[str(i) for i in range(len(BAD_SERVER))])
+def test_rejects_bad_server_events(event, fragment):
+    with pytest.raises(SchemaViolation) as info:
+        validate_server_event(event)
+    assert fragment in str(info.value)
+
+
+def test_violation_is_single_value_error():
+    with pytest.raises(ValueError) as info:
+        validate_client_event({"type": "session.update", "session": {"type": "realtime", "voice": "x"}})
+    assert isinstance(info.value, SchemaViolation)
+    assert info.value.kind == "unknown_parameter" and info.value.event_type == "session.update"
+    with pytest.raises(SchemaViolation):
+        validate_client_event(["not", "a", "dict"])
+
+
+# --------------------------------------------------------------------------- e2e helpers
+async def recv(ws, timeout: float = 2.0) -> dict:
+    ev = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+    validate_server_event(ev)  # the client side checks too
+    return ev
+
+
+async def recv_until(ws, etype: str, timeout: float = 2.0) -> list[dict]:
+    out = []
+    while True:
+        out.append(await recv(ws, timeout))
+        if out[-1]["type"] == etype:
+            return out
+
+
+def of(events, etype):
+    return [e for e in events if e["type"] == etype]
+
+
+async def connect(fake, headers=AUTH):
+    ws = await websockets.connect(fake.url + "?model=gpt-realtime", additional_headers=headers)
+    created = await recv(ws)
+    assert created["type"] == "session.created"
+    return ws, created
+
+
+# --------------------------------------------------------------------------- e2e
+async def test_session_update_round_trip_and_headers():
+    async with FakeRealtime() as fake:
+        ws, created = await connect(fake)
+        assert created["session"]["id"].startswith("sess_") and created["session"]["object"] == "realtime.session"
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "instructions": "Be brief.",
+            "audio": {"input": {"turn_detection": None}, "output": {"voice": "cedar"}},
+            "tools": [{"type": "function", "name": "get_time", "parameters": {"type": "object"}}]}}))
+        upd = await recv(ws)
+        assert upd["type"] == "session.updated"
+        s = upd["session"]
+        assert s["instructions"] == "Be brief." and s["audio"]["output"]["voice"] == "cedar"
+        assert s["audio"]["input"]["turn_detection"] is None and s["tools"][0]["name"] == "get_time"
+        assert s["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}  # untouched
+        await ws.close()
+        assert fake.headers[0]["Authorization"] == "Bearer sk-test" and "OpenAI-Beta" not in fake.headers[0]
+        assert fake.connections == 1 and fake.received_types() == ["session.update"]
+        fake.assert_clean()
+
+
+async def test_invalid_client_event_is_recorded_and_answered_with_error():
+    async with FakeRealtime() as fake:
+        ws, _ = await connect(fake, {**AUTH, "OpenAI-Beta": "realtime=v1"})
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "voice": "alloy"}}))
+        err = await recv(ws)
+        assert err["type"] == "error" and err["error"]["code"] == "unknown_parameter"
+        assert err["error"]["param"] == "session.voice"
+        await ws.close()
+        assert len(fake.violations) == 2  # beta header + beta session.voice
+        with pytest.raises(AssertionError, match="OpenAI-Beta"):
+            fake.assert_clean()
+
+
+async def test_server_vad_turn_produces_audio_response():
+    seen: list[ReplyContext] = []
+
+    def script(ctx):
+        seen.append(ctx)
+        return AudioReply("Hello there, friend.", audio_ms=600, chunk_ms=100)
+
+    async with FakeRealtime(script=script, user_transcripts=["hi bot"]) as fake:
+        ws, _ = await connect(fake)
+        await ws.send(json.dumps({"type": "session.update", "session": {"type": "realtime", "audio": {
+            "input": {"transcription": {"model": "gpt-4o-mini-transcribe"},
+                      "turn_detection": {"type": "server_vad", "silence_duration_ms": 300}}}}}))
+        await recv_until(ws, "session.updated")
+        pcm = silence_pcm16(200) + tone_pcm16(500, 300) + silence_pcm16(400)
+        for i in range(0, len(pcm), 100 * BYTES_PER_MS):
+            await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(pcm[i:i + 4800])}))
+        events = await recv_until(ws, "response.done")
+        types = [e["type"] for e in events]
+        assert types[:3] == ["input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                             "input_audio_buffer.committed"]
+        started, stopped = events[0], events[1]
+        assert started["audio_start_ms"] == 0  # 200 ms speech onset - 300 ms prefix padding, clamped
+        assert 500 <= stopped["audio_end_ms"] <= 1100 and started["item_id"] == stopped["item_id"]
+        user = of(events, "conversation.item.added")[0]["item"]
+        assert user["role"] == "user" and user["id"] == started["item_id"]
+        assert of(events, "conversation.item.input_audio_transcription.completed")[0]["transcript"] == "hi bot"
+        audio = b"".join(base64.b64decode(e["delta"]) for e in of(events, "response.output_audio.delta"))
+        assert len(audio) == 600 * BYTES_PER_MS and len(of(events, "response.output_audio.delta")) == 6
+        transcript = "".join(e["delta"] for e in of(events, "response.output_audio_transcript.delta"))
+        assert transcript == "Hello there, friend."
+        assert events[-1]["response"]["status"] == "completed"
+        assert seen[0].trigger == "vad" and seen[0].user_audio_items[0][1] > 0
+        await ws.close()
+        fake.assert_clean()
+
+
+async def test_manual_commit_without_turn_detection():
+    async with FakeRealtime() as fake:
+        ws, _ = await connect(fake)
+        await ws.send(json.dumps({"type": "session.update", "session": {
+            "type": "realtime", "audio": {"input": {"turn_detection": None}}}}))
+        await recv_until(ws, "session.updated")
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(tone_pcm16(50))}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        assert (await recv(ws))["error"]["code"] == "input_audio_buffer_commit_empty"
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(tone_pcm16(200))}))
+        await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+        events = await recv_until(ws, "conversation.item.done")
+        assert [e["type"] for e in events] == ["input_audio_buffer.committed", "conversation.item.added",
+                                               "conversation.item.done"]
+        await asyncio.sleep(0.05)
+        assert "response.created" not in fake.sent_types()  # no VAD -> no automatic response
+        await ws.close()
+        fake.assert_clean()
+
+
+async def test_tool_call_round_trip():
+    def script(ctx):
+        if not ctx.function_outputs:
+            return ToolCallReply("get_weather", {"city": "Oslo"}, call_id="call_w1")
+        return AudioReply(f"It is {json.loads(ctx.function_outputs[-1]['output'])['temp']} degrees.")
+
+    async with FakeRealtime(script=script) as fake:
+        ws, _ = await connect(fake)
+        await ws.send(json.dumps({"type": "response.create", "response": {"metadata": {"turn": "1"}}}))
+        events = await recv_until(ws, "response.done")
+        assert of(events, "response.created")[0]["response"]["metadata"] == {"turn": "1"}
+        done_args = of(events, "response.function_call_arguments.done")[0]
+        assert done_args["call_id"] == "call_w1" and done_args["name"] == "get_weather"
+        assert json.loads(done_args["arguments"]) == {"city": "Oslo"}
+        deltas = "".join(e["delta"] for e in of(events, "response.function_call_arguments.delta"))
+        assert deltas == done_args["arguments"]
+        done = events[-1]["response"]
+        assert done["status"] == "completed" and done["metadata"] == {"turn": "1"}
+        assert done["output"][0]["type"] == "function_call" and done["output"][0]["call_id"] == "call_w1"
+
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "type": "function_call_output", "call_id": "call_w1", "output": json.dumps({"temp": 21})}}))
+        added = await recv_until(ws, "conversation.item.done")
+        assert added[0]["item"]["type"] == "function_call_output"
+        await ws.send(json.dumps({"type": "response.create"}))
+        events = await recv_until(ws, "response.done")
+        assert of(events, "response.output_audio_transcript.done")[0]["transcript"] == "It is 21 degrees."
+        assert fake.contexts[1].function_outputs[0]["call_id"] == "call_w1"
+        assert [i["type"] for i in fake.items] == ["function_call", "function_call_output", "message"]
+        await ws.close()
+        fake.assert_clean()
+
+
+async def test_cancel_mid_stream_then_truncate():
+    slow = AudioReply("one two three four five", audio_ms=2000, chunk_ms=100, delay_ms_per_chunk=20)
+    async with FakeRealtime(script=[slow]) as fake:
+        ws, _ = await connect(fake)
+        await ws.send(json.dumps({"type": "response.create"}))
+        events = await recv_until(ws, "response.output_audio.delta")
+        item_id = events[-1]["item_id"]
+        events += await recv_until(ws, "response.output_audio.delta")
+        await ws.send(json.dumps({"type": "response.cancel"}))
+        events += await recv_until(ws, "response.done")
+        done = events[-1]["response"]
+        assert done["status"] == "cancelled" and done["status_details"]["reason"] == "client_cancelled"
+        n = len(of(events, "response.output_audio.delta"))
+        assert 2 <= n < 20
+        assert done["output"][0]["status"] == "incomplete"
+        # nothing active any more -> harmless error, session stays open
+        await ws.send(json.dumps({"type": "response.cancel"}))
+        assert (await recv(ws))["error"]["code"] == "response_cancel_not_active"
+        await ws.send(json.dumps({"type": "conversation.item.truncate", "item_id": item_id,
+                                  "content_index": 0, "audio_end_ms": 150}))
+        tr = await recv(ws)
+        assert tr == {**tr, "type": "conversation.item.truncated", "item_id": item_id, "audio_end_ms": 150}
+        await ws.send(json.dumps({"type": "conversation.item.truncate", "item_id": item_id,
+                                  "content_index": 0, "audio_end_ms": 5000}))
+        err = await recv(ws)
+        assert err["type"] == "error" and err["error"]["param"] == "audio_end_ms"
+        await ws.close()
+        fake.assert_clean()
+
+
+async def test_vad_barge_in_cancels_active_response():
+    slow = AudioReply("long answer", audio_ms=3000, delay_ms_per_chunk=20)
+    async with FakeRealtime(script=[slow, AudioReply("short")]) as fake:
+        ws, _ = await connect(fake)
+        await ws.send(json.dumps({"type": "response.create"}))
+        await recv_until(ws, "response.output_audio.delta")
+        speech = tone_pcm16(300) + silence_pcm16(600)
+        await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(speech)}))
+        events = await recv_until(ws, "response.done")
+        assert "input_audio_buffer.speech_started" in [e["type"] for e in events]
+        assert events[-1]["response"]["status_details"]["reason"] == "turn_detected"
+        events = await recv_until(ws, "response.done")  # automatic response to the new turn
+        assert events[-1]["response"]["status"] == "completed"
+        await ws.close()
+        fake.assert_clean()
+
+
+async def test_drop_reply_and_reconnect():
+    script = [DropReply(after_chunks=2, then=AudioReply("lost", audio_ms=1000)), AudioReply("again")]
+    async with FakeRealtime(script=script) as fake:
+        ws, _ = await connect(fake)
+        await ws.send(json.dumps({"type": "response.create"}))
+        events = []
+        with pytest.raises(ConnectionClosedError):
+            while True:
+                events.append(await recv(ws))
+        assert len(of(events, "response.output_audio.delta")) == 2
+        assert ws.close_code is None or ws.close_code == 1006  # no close frame
+        ws2, created = await connect(fake)
+        assert fake.connections == 2 and created["session"]["id"] != events[0].get("session", {}).get("id")
+        await ws2.send(json.dumps({"type": "response.create"}))
+        assert (await recv_until(ws2, "response.done"))[-1]["response"]["status"] == "completed"
+        fake.drop_all()
+        with pytest.raises(ConnectionClosed):
+            await recv(ws2)
+        fake.assert_clean()
+
+
+async def test_raw_error_items_and_push():
+    raw = {"type": "response.future_thing", "event_id": "evt_raw"}
+    async with FakeRealtime(script=[RawReply([raw]), ErrorReply("rate_limited", "slow down")]) as fake:
+        ws, _ = await connect(fake)
+        await ws.send(json.dumps({"type": "response.create"}))
+        assert json.loads(await ws.recv()) == raw  # unvalidated, verbatim
+        await ws.send(json.dumps({"type": "response.create"}))
+        assert (await recv(ws))["error"]["code"] == "rate_limited"
+        await fake.send_to_all({"type": "rate_limits.updated", "rate_limits": [{"name": "requests", "limit": 1}]})
+        assert (await recv(ws))["type"] == "rate_limits.updated"
+        await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+            "id": "u1", "type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}}))
+        await recv_until(ws, "conversation.item.done")
+        await ws.send(json.dumps({"type": "conversation.item.retrieve", "item_id": "u1"}))
+        assert (await recv(ws))["item"]["content"][0]["text"] == "hi"
+        await ws.send(json.dumps({"type": "conversation.item.delete", "item_id": "u1"}))
+        assert (await recv(ws))["type"] == "conversation.item.deleted"
+        await ws.send(json.dumps({"type": "conversation.item.delete", "item_id": "u1"}))
+        assert (await recv(ws))["type"] == "error"
+        assert raw in fake.sent and fake.response_count == 0
+        await ws.close()
+        fake.assert_clean()
+
+
+async def test_wrong_path_is_rejected():
+    async with FakeRealtime() as fake:
+        with pytest.raises(InvalidStatus):
+            await websockets.connect(fake.url.replace("/v1/realtime", "/v1/other"))
+        assert fake.connections == 0

@@ -1,0 +1,621 @@
+"""The call state machine: floor, turns, barge-in, tool calls, announcements, reconnect.
+
+Sans-I/O. Inputs are method calls (provider events, user audio frames, tool results, playback
+notices) with the current time; outputs are `Action`s the async shell carries out. It reads one
+thing from outside: a `PlaybackView` that says what the speaker is doing right now, because
+barge-in must truncate at what was actually heard.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from voice import events as ev
+from voice.providers.base import RealtimeProvider, ResponseRequest, SessionConfig
+from voice.telemetry import Telemetry, TurnRecord
+from voice.transports.base import FRAME_BYTES, TurnContext
+from voice.vad import EnergyVad, VadConfig
+
+log = logging.getLogger(__name__)
+
+REQUEST_KEY = "sb_req"  # our correlation id on every response.create we send
+RESTORE_ITEMS = 20
+ANNOUNCE_ATTEMPTS = 2
+RECONNECTED_NOTICE = "The connection to the voice service dropped for a moment and is back."
+
+
+# -- actions -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Send:
+    event: dict
+
+
+@dataclass(frozen=True)
+class PlayAudio:
+    item_id: str
+    pcm: bytes
+
+
+@dataclass(frozen=True)
+class FinishItem:
+    item_id: str
+
+
+@dataclass(frozen=True)
+class StopPlayback:
+    pass
+
+
+@dataclass(frozen=True)
+class RunTool:
+    call_id: str
+    name: str
+    arguments: str
+    metadata: dict[str, str]
+
+
+@dataclass(frozen=True)
+class ShowTranscript:
+    role: str  # "user" | "assistant"
+    text: str
+
+
+@dataclass(frozen=True)
+class AnnouncementResult:
+    announcement_id: int
+    delivered: bool
+
+
+@dataclass(frozen=True)
+class Notice:
+    level: str  # "info" | "warning" | "error"
+    text: str
+
+
+Action = Send | PlayAudio | FinishItem | StopPlayback | RunTool | ShowTranscript | AnnouncementResult | Notice
+
+
+class PlaybackView(Protocol):
+    def played_ms(self, item_id: str) -> int: ...
+    def is_playing(self) -> bool: ...
+
+
+# -- bookkeeping ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Request:
+    """A response.create we want, or have sent and not yet seen created."""
+
+    request_id: str
+    kind: str  # turn | tool | announce
+    request: ResponseRequest
+    announcement: _Announcement | None = None
+    turn: TurnRecord | None = None
+    cancel_on_create: bool = False
+    answers: tuple[str, ...] = ()  # call ids a tool follow-up answers
+
+
+@dataclass
+class _Response:
+    response_id: str
+    kind: str
+    metadata: dict[str, str]
+    announcement: _Announcement | None = None
+    turn: TurnRecord | None = None
+    cancelled: bool = False
+    calls: list[str] = field(default_factory=list)
+    audio_items: list[str] = field(default_factory=list)
+    done: bool = False
+    followed_up: bool = False
+    answers: tuple[str, ...] = ()
+
+
+@dataclass
+class _Call:
+    call_id: str
+    name: str
+    arguments: str
+    response_id: str
+    metadata: dict[str, str]
+    output: str | None = None
+    output_sent: bool = False
+    answered: bool = False  # the follow-up response to this call completed
+
+
+@dataclass
+class _Announcement:
+    announcement_id: int
+    text: str
+    attempts: int = 0
+    urgent: bool = False
+
+
+@dataclass
+class CallOptions:
+    endpointing: str = "server"  # server | local
+    vad: VadConfig = field(default_factory=VadConfig)
+    semantic_vad: bool = False
+
+
+class CallCore:
+    """One call's conversation state. Every public method returns the actions to carry out."""
+
+    def __init__(self, provider: RealtimeProvider, session: SessionConfig, playback: PlaybackView,
+                 options: CallOptions | None = None, telemetry: Telemetry | None = None) -> None:
+        self.provider = provider
+        self.options = options or CallOptions()
+        local = self.options.endpointing == "local"
+        turn_detection = None if local else ("semantic_vad" if self.options.semantic_vad else "server_vad")
+        self.session = SessionConfig(session.instructions, session.voice, session.tools, turn_detection,
+                                     self.options.vad.silence_ms, session.transcribe_input)
+        self.playback = playback
+        self.telemetry = telemetry or Telemetry()
+        self.connected = False
+        self.user_speaking = False
+        self.ended = False
+        self._ids = itertools.count(1)
+        self._queue: deque[_Request] = deque()  # wanted, not yet sent
+        self._inflight: deque[_Request] = deque()  # sent, not yet created
+        self._responses: dict[str, _Response] = {}
+        self._active: _Response | None = None
+        self._calls: dict[str, _Call] = {}
+        self._announcements: deque[_Announcement] = deque()
+        self._received_ms: dict[str, float] = {}  # item -> ms of audio received
+        self._history: deque[tuple[str, str]] = deque(maxlen=RESTORE_ITEMS)
+        self._turn: TurnRecord | None = None
+        self._turn_ids = itertools.count(1)
+        self._vad = EnergyVad(self.options.vad)
+        frames = max(1, self.options.vad.prefix_ms // 20)
+        self._prefix: deque[bytes] = deque(maxlen=frames)
+        self._turn_context: TurnContext | None = None
+        self.counters: dict[str, int] = {"barge_ins": 0, "cancels_sent": 0, "stale_audio_dropped": 0,
+                                         "tool_calls": 0, "announcements": 0, "reconnects": 0,
+                                         "provider_errors": 0}
+        self.last_error: str | None = None
+
+    # -- session ---------------------------------------------------------------------------------
+
+    def start(self) -> list[Action]:
+        """The socket is open: configure the session."""
+        self.connected = True
+        return [Send(self.provider.session_update(self.session))]
+
+    def on_disconnect(self) -> list[Action]:
+        """The socket dropped: whatever the server was doing is gone."""
+        self.connected = False
+        actions: list[Action] = []
+        for request in self._inflight:
+            if request.kind == "announce" and request.announcement is not None:
+                self._announcements.appendleft(request.announcement)
+        self._inflight.clear()
+        self._queue.clear()  # turns are lost with the socket; tool follow-ups are rebuilt on reconnect
+        if self._active is not None:
+            self._active.cancelled = True
+            self._active.done = True
+            if self._active.kind == "announce" and self._active.announcement is not None:
+                self._announcements.appendleft(self._active.announcement)
+            self._active = None
+        for response in self._responses.values():
+            response.followed_up = False
+        return actions
+
+    def on_reconnected(self) -> list[Action]:
+        """A new socket is open: restore instructions, tools, recent conversation, tool calls."""
+        self.connected = True
+        self.counters["reconnects"] += 1
+        actions: list[Action] = [Send(self.provider.session_update(self.session))]
+        for role, text in self._history:
+            actions.append(Send(self.provider.add_text_item(role, text)))
+        for response in list(self._responses.values()):
+            calls = [self._calls[c] for c in response.calls]
+            if not calls or all(c.answered for c in calls):
+                continue
+            for call in calls:  # the new session has never seen these calls: recreate them
+                actions.append(Send(self.provider.add_function_call(call.call_id, call.name, call.arguments)))
+                if call.output is not None:
+                    actions.append(Send(self.provider.function_output(call.call_id, call.output)))
+                    call.output_sent = True
+            response.done = True
+            self._maybe_follow_up(response)
+        self._announcements.appendleft(_Announcement(0, RECONNECTED_NOTICE, urgent=True))
+        actions.append(Notice("warning", "voice service connection restored"))
+        return actions + self._pump()
+
+    def end(self) -> list[Action]:
+        """The call is over: every undelivered announcement is reported as not delivered."""
+        self.ended = True
+        actions: list[Action] = []
+        pending = list(self._announcements)
+        pending += [r.announcement for r in list(self._queue) + list(self._inflight) if r.announcement]
+        if self._active is not None and self._active.announcement is not None:
+            pending.append(self._active.announcement)
+        for announcement in pending:
+            if announcement.announcement_id:
+                actions.append(AnnouncementResult(announcement.announcement_id, False))
+        self._announcements.clear()
+        self._queue.clear()
+        self._inflight.clear()
+        if self._turn is not None:
+            self._close_turn("ended")
+        return actions
+
+    # -- user audio --------------------------------------------------------------------------------
+
+    def on_user_audio(self, frame: bytes, now: float, context: TurnContext | None = None) -> list[Action]:
+        """One 20 ms frame of user audio (24 kHz mono)."""
+        if not self.connected:
+            return []
+        if self.options.endpointing == "server":
+            return [Send(self.provider.append_audio(frame))]
+        decision = self._vad.push(frame)
+        actions: list[Action] = []
+        if decision == "start":
+            self._turn_context = context
+            actions += self._speech_started(now)
+            for earlier in self._prefix:
+                actions.append(Send(self.provider.append_audio(earlier)))
+            self._prefix.clear()
+        if self._vad.speaking or decision == "end":
+            actions.append(Send(self.provider.append_audio(frame)))
+        else:
+            self._prefix.append(frame)
+        if decision == "end":
+            actions += self._local_turn_end(now, context or self._turn_context)
+        return actions
+
+    def _local_turn_end(self, now: float, context: TurnContext | None) -> list[Action]:
+        self.user_speaking = False
+        turn = self._new_turn(now)
+        actions: list[Action] = []
+        metadata: dict[str, str] = {}
+        if context is not None:
+            metadata = dict(context.metadata)
+            turn.speakers = [v for k, v in metadata.items() if k.startswith("speaker")]
+            if context.context:
+                actions.append(Send(self.provider.add_text_item("system", context.context)))
+        actions.append(Send(self.provider.commit_audio()))
+        turn.commit = now
+        self._want("turn", ResponseRequest(metadata=metadata), turn=turn)
+        return actions + self._pump()
+
+    def _speech_started(self, now: float) -> list[Action]:
+        """Someone started talking: the floor is theirs. Barge in on the assistant if needed."""
+        self.user_speaking = True
+        actions: list[Action] = []
+        playing = self.playback.is_playing()
+        active = self._active
+        if playing or (active is not None and not active.cancelled and active.audio_items):
+            self.counters["barge_ins"] += 1
+            item = self._current_audio_item()
+            if playing:
+                actions.append(StopPlayback())
+            if item is not None:
+                heard = min(self.playback.played_ms(item), int(self._received_ms.get(item, 0)))
+                actions.append(Send(self.provider.truncate(item, heard)))
+        if active is not None and not active.cancelled and not active.done:
+            actions += self._cancel(active)
+        for request in self._inflight:
+            if request.kind in ("turn", "announce"):
+                request.cancel_on_create = True
+        if self._turn is not None and self._turn.response_created is not None:
+            self._close_turn("interrupted")
+        return actions
+
+    def _cancel(self, response: _Response) -> list[Action]:
+        response.cancelled = True
+        self.counters["cancels_sent"] += 1
+        return [Send(self.provider.cancel_response())]
+
+    def _current_audio_item(self) -> str | None:
+        active = self._active
+        if active is not None and active.audio_items:
+            return active.audio_items[-1]
+        for response in reversed(list(self._responses.values())):
+            if response.audio_items:
+                return response.audio_items[-1]
+        return None
+
+    # -- provider events ----------------------------------------------------------------------------
+
+    def on_provider(self, event: ev.ProviderEvent, now: float) -> list[Action]:
+        handler = _HANDLERS.get(type(event))
+        if handler is None:
+            return []
+        return handler(self, event, now)
+
+    def _on_speech_started(self, event: ev.SpeechStarted, now: float) -> list[Action]:
+        return self._speech_started(now)
+
+    def _on_speech_stopped(self, event: ev.SpeechStopped, now: float) -> list[Action]:
+        self.user_speaking = False
+        self._new_turn(now)
+        return self._pump()
+
+    def _on_committed(self, event: ev.InputCommitted, now: float) -> list[Action]:
+        if self.options.endpointing == "server" and self._turn is not None and self._turn.commit is None:
+            self._turn.commit = now
+        return []
+
+    def _on_user_transcript(self, event: ev.UserTranscript, now: float) -> list[Action]:
+        text = event.text.strip()
+        if not text:
+            return []
+        self._history.append(("user", text))
+        return [ShowTranscript("user", text)]
+
+    def _on_response_created(self, event: ev.ResponseCreated, now: float) -> list[Action]:
+        request = self._match_request(event.metadata)
+        kind = request.kind if request else "auto"
+        response = _Response(event.response_id, kind, dict(event.metadata),
+                             request.announcement if request else None,
+                             request.turn if request else self._turn,
+                             answers=request.answers if request else ())
+        self._responses[event.response_id] = response
+        self._trim_responses()
+        self._active = response
+        turn = response.turn
+        if turn is not None and turn.response_created is None:
+            turn.response_created = now
+        if request is not None and request.cancel_on_create:
+            return self._cancel(response)
+        return []
+
+    def _match_request(self, metadata: dict[str, str]) -> _Request | None:
+        wanted = metadata.get(REQUEST_KEY)
+        for request in self._inflight:
+            if request.request_id == wanted:
+                self._inflight.remove(request)
+                return request
+        if wanted is None and self._inflight and self.options.endpointing == "local":
+            return self._inflight.popleft()  # a provider that does not echo metadata: FIFO
+        return None
+
+    def _on_audio_delta(self, event: ev.AudioDelta, now: float) -> list[Action]:
+        response = self._responses.get(event.response_id)
+        if response is not None and response.cancelled:
+            self.counters["stale_audio_dropped"] += 1
+            return []
+        if response is None and event.response_id:
+            response = self._adopt(event.response_id)
+        if response is not None and event.item_id not in response.audio_items:
+            response.audio_items.append(event.item_id)
+        self._received_ms[event.item_id] = self._received_ms.get(event.item_id, 0.0) + len(event.pcm) / 48.0
+        turn = response.turn if response else None
+        if turn is not None and turn.first_audio_delta is None:
+            turn.first_audio_delta = now
+        return [PlayAudio(event.item_id, event.pcm)]
+
+    def _adopt(self, response_id: str) -> _Response:
+        response = _Response(response_id, "auto", {}, turn=self._turn)
+        self._responses[response_id] = response
+        self._active = response
+        return response
+
+    def _on_audio_done(self, event: ev.AudioDone, now: float) -> list[Action]:
+        response = self._responses.get(event.response_id)
+        if response is not None and response.cancelled:
+            return []
+        return [FinishItem(event.item_id)]
+
+    def _on_assistant_transcript(self, event: ev.AssistantTranscript, now: float) -> list[Action]:
+        response = self._responses.get(event.response_id)
+        if not event.final or not event.text.strip():
+            return []
+        if response is not None and response.cancelled:
+            return [ShowTranscript("assistant", event.text.strip() + " [interrupted]")]
+        self._history.append(("assistant", event.text.strip()))
+        return [ShowTranscript("assistant", event.text.strip())]
+
+    def _on_function_call(self, event: ev.FunctionCall, now: float) -> list[Action]:
+        if event.call_id in self._calls:
+            return []  # a repeated event must not run the tool twice
+        response = self._responses.get(event.response_id) or self._adopt(event.response_id)
+        metadata = {k: v for k, v in response.metadata.items() if k != REQUEST_KEY}
+        call = _Call(event.call_id, event.name, event.arguments, event.response_id, metadata)
+        self._calls[event.call_id] = call
+        response.calls.append(event.call_id)
+        self.counters["tool_calls"] += 1
+        return [RunTool(event.call_id, event.name, event.arguments, metadata)]
+
+    def _on_response_done(self, event: ev.ResponseDone, now: float) -> list[Action]:
+        response = self._responses.get(event.response_id) or self._adopt(event.response_id)
+        response.done = True
+        if self._active is response:
+            self._active = None
+        actions: list[Action] = []
+        turn = response.turn
+        if turn is not None:
+            turn.response_done = now
+            turn.status = event.status
+        if response.announcement is not None:
+            actions += self._settle_announcement(response, event.status)
+        if event.status == "completed":
+            for call_id in response.answers:
+                self._calls[call_id].answered = True
+        if event.status == "failed":
+            actions.append(Notice("warning", f"the response failed: {event.detail or 'no reason given'}"))
+        actions += self._maybe_follow_up(response)
+        if turn is not None and not response.calls and turn is self._turn:
+            self._close_turn(event.status)
+        return actions + self._pump()
+
+    def _settle_announcement(self, response: _Response, status: str) -> list[Action]:
+        announcement = response.announcement
+        assert announcement is not None
+        if status == "completed":
+            return [AnnouncementResult(announcement.announcement_id, True)] if announcement.announcement_id else []
+        if announcement.attempts < ANNOUNCE_ATTEMPTS:
+            self._announcements.appendleft(announcement)
+            return []
+        return [AnnouncementResult(announcement.announcement_id, False)] if announcement.announcement_id else []
+
+    def _on_truncated(self, event: ev.ItemTruncated, now: float) -> list[Action]:
+        return []
+
+    def _on_error(self, event: ev.ProviderError, now: float) -> list[Action]:
+        if event.harmless:
+            return []
+        self.counters["provider_errors"] += 1
+        self.last_error = f"{event.code}: {event.message}"[:300]
+        if event.code == "conversation_already_has_active_response":
+            while self._inflight:  # the server started a response on its own first: ask again later
+                self._queue.appendleft(self._inflight.pop())
+            return [Notice("info", "provider busy; response queued")]
+        return [Notice("error", f"provider error {event.code}: {event.message}")]
+
+    # -- tools ------------------------------------------------------------------------------------------
+
+    def on_tool_result(self, call_id: str, output: str, elapsed_ms: float = 0.0) -> list[Action]:
+        """A tool finished (or failed, or timed out). Answered exactly once."""
+        call = self._calls.get(call_id)
+        if call is None or call.output is not None:
+            return []
+        call.output = output
+        response = self._responses.get(call.response_id)
+        if response is not None and response.turn is not None:
+            response.turn.tool_ms += elapsed_ms
+        if not self.connected:
+            return []  # restored with its output on reconnect
+        call.output_sent = True
+        actions: list[Action] = [Send(self.provider.function_output(call_id, output))]
+        if response is not None:
+            actions += self._maybe_follow_up(response)
+        return actions + self._pump()
+
+    def _maybe_follow_up(self, response: _Response) -> list[Action]:
+        """One response.create once every call of a finished response has its output."""
+        if not response.calls or not response.done:
+            return []
+        calls = [self._calls[c] for c in response.calls]
+        if response.followed_up or any(c.output is None or not c.output_sent for c in calls):
+            return []
+        response.followed_up = True
+        self._want("tool", turn=response.turn, answers=tuple(response.calls))
+        return []
+
+    # -- announcements --------------------------------------------------------------------------------
+
+    def announce(self, announcement_id: int, text: str) -> list[Action]:
+        """Queue something to say unprompted; spoken when the floor is free, with tools off."""
+        if self.ended:
+            return [AnnouncementResult(announcement_id, False)]
+        self._announcements.append(_Announcement(announcement_id, text))
+        self.counters["announcements"] += 1
+        return self._pump()
+
+    def on_playback_idle(self) -> list[Action]:
+        return self._pump()
+
+    def on_playback_started(self, item_id: str, now: float) -> list[Action]:
+        for response in reversed(list(self._responses.values())):
+            if item_id in response.audio_items:
+                turn = response.turn
+                if turn is not None and turn.first_audio_played is None:
+                    turn.first_audio_played = now
+                break
+        return []
+
+    # -- response scheduling ----------------------------------------------------------------------------
+
+    def _want(self, kind: str, request: ResponseRequest | None = None, *,
+              announcement: _Announcement | None = None, turn: TurnRecord | None = None,
+              answers: tuple[str, ...] = ()) -> None:
+        request_id = f"r{next(self._ids)}"
+        base = request or ResponseRequest()
+        metadata = dict(base.metadata)
+        metadata[REQUEST_KEY] = request_id
+        stamped = ResponseRequest(metadata, base.instructions, base.tools_off)
+        self._queue.append(_Request(request_id, kind, stamped, announcement, turn, answers=answers))
+
+    def _pump(self) -> list[Action]:
+        """Send the next wanted response when nothing else holds the floor."""
+        if not self.connected or self.ended or self._active is not None or self._inflight:
+            return []
+        if not self._queue and self._announcements and not self.user_speaking \
+                and not self.playback.is_playing():
+            announcement = self._announcements.popleft()
+            announcement.attempts += 1
+            self._want("announce", ResponseRequest(instructions=_announce_instructions(announcement.text),
+                                                   tools_off=True), announcement=announcement)
+        if not self._queue:
+            return []
+        if self.user_speaking and self._queue[0].kind != "turn":
+            return []
+        request = self._queue.popleft()
+        self._inflight.append(request)
+        return [Send(self.provider.create_response(request.request))]
+
+    # -- turns ------------------------------------------------------------------------------------------------
+
+    def _new_turn(self, now: float) -> TurnRecord:
+        if self._turn is not None:
+            self._close_turn(self._turn.status or "superseded")
+        self._turn = TurnRecord(next(self._turn_ids), speech_end=now)
+        return self._turn
+
+    def _close_turn(self, status: str) -> None:
+        turn = self._turn
+        if turn is None:
+            return
+        turn.status = turn.status or status
+        self.telemetry.record(turn)
+        self._turn = None
+
+    def _trim_responses(self) -> None:
+        while len(self._responses) > 64:
+            oldest = next(iter(self._responses))
+            response = self._responses.pop(oldest)
+            for item in response.audio_items:
+                self._received_ms.pop(item, None)
+
+    # -- status -------------------------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        return {
+            "connected": self.connected,
+            "endpointing": self.options.endpointing,
+            "user_speaking": self.user_speaking,
+            "assistant_responding": self._active is not None,
+            "pending_tool_calls": sum(1 for c in self._calls.values() if c.output is None),
+            "queued_announcements": len(self._announcements),
+            "counters": dict(self.counters),
+            "last_error": self.last_error,
+        }
+
+    def idle(self) -> bool:
+        """Nothing in flight: no response, no queued work, no unanswered tool call."""
+        return (self._active is None and not self._inflight and not self._queue
+                and not self._announcements and all(c.output is not None for c in self._calls.values())
+                and not self.user_speaking)
+
+
+def _announce_instructions(text: str) -> str:
+    body = json.dumps(text)
+    return ("Say the following to the people in the call now, briefly and in your own words, "
+            f"then stop. Do not call tools. The message: {body}")
+
+
+_HANDLERS = {
+    ev.SpeechStarted: CallCore._on_speech_started,
+    ev.SpeechStopped: CallCore._on_speech_stopped,
+    ev.InputCommitted: CallCore._on_committed,
+    ev.UserTranscript: CallCore._on_user_transcript,
+    ev.ResponseCreated: CallCore._on_response_created,
+    ev.AudioDelta: CallCore._on_audio_delta,
+    ev.AudioDone: CallCore._on_audio_done,
+    ev.AssistantTranscript: CallCore._on_assistant_transcript,
+    ev.FunctionCall: CallCore._on_function_call,
+    ev.ResponseDone: CallCore._on_response_done,
+    ev.ItemTruncated: CallCore._on_truncated,
+    ev.ProviderError: CallCore._on_error,
+}
+
+__all__ = ["Action", "CallCore", "CallOptions", "FRAME_BYTES", "PlaybackView"]

@@ -1,0 +1,313 @@
+"""The call engine's async shell: one provider socket, one transport, tools as tasks.
+
+Everything that decides lives in `voice.call.CallCore`; this module moves bytes and time: it reads
+provider events, feeds user frames, runs tools off the audio path, sends what the core asks for
+(in order, through one writer), reconnects with backoff, and settles announcements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import websockets
+from websockets.asyncio.client import ClientConnection, connect
+
+from voice import __version__
+from voice.builtin_tools import talk_status_tool
+from voice.call import (
+    Action,
+    AnnouncementResult,
+    CallCore,
+    CallOptions,
+    FinishItem,
+    Notice,
+    PlayAudio,
+    RunTool,
+    Send,
+    ShowTranscript,
+    StopPlayback,
+)
+from voice.identity import Identity
+from voice.providers.base import RealtimeProvider, SessionConfig
+from voice.telemetry import Telemetry
+from voice.tools import ToolCatalogue
+from voice.transports.base import CallTransport
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BACKOFF = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0)
+
+
+class CallFailed(RuntimeError):
+    """The call could not start or could not be kept alive; the message says why and what to do."""
+
+
+Connector = Callable[[str, dict[str, str]], Awaitable[Any]]
+
+
+async def _default_connect(url: str, headers: dict[str, str]) -> ClientConnection:
+    return await connect(url, additional_headers=headers, max_size=16 * 1024 * 1024, open_timeout=15)
+
+
+class CallEngine:
+    """A live conversation between a transport and a Realtime provider."""
+
+    def __init__(
+        self,
+        provider: RealtimeProvider,
+        transport: CallTransport,
+        catalogue: ToolCatalogue,
+        identity: Identity,
+        *,
+        options: CallOptions | None = None,
+        telemetry: Telemetry | None = None,
+        connector: Connector = _default_connect,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        backoff: tuple[float, ...] = DEFAULT_BACKOFF,
+        on_transcript: Callable[[str, str], None] | None = None,
+        settle_s: float | None = None,
+    ) -> None:
+        self.provider = provider
+        self.transport = transport
+        self.catalogue = catalogue
+        self.identity = identity
+        self.options = options or CallOptions()
+        self.telemetry = telemetry or Telemetry()
+        if catalogue.get("talk_status") is None:
+            catalogue.add(talk_status_tool(self.status))
+        session = SessionConfig(identity.instructions, getattr(provider, "voice", ""), catalogue.specs())
+        self.core = CallCore(provider, session, transport, self.options, self.telemetry)
+        self._connector = connector
+        self._clock = clock
+        self._sleep = sleep
+        self._backoff = backoff
+        self._on_transcript = on_transcript
+        silence = self.options.vad.silence_ms / 1000
+        self._settle_s = settle_s if settle_s is not None else silence + 0.8
+        self._ws: Any = None
+        self._outbox: asyncio.Queue[dict] = asyncio.Queue()
+        self._tasks: set[asyncio.Task] = set()
+        self._announce_ids = itertools.count(1)
+        self._announcements: dict[int, asyncio.Future[bool]] = {}
+        self._stopping = False
+        self._input_ended = asyncio.Event()
+        self._failure: CallFailed | None = None
+        self._done = asyncio.Event()
+        self.sent_events = 0
+        self.dropped_sends = 0
+        transport.set_listener(self)
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Hold the call until `stop()`, or until the input has ended and the conversation settled.
+
+        Raises CallFailed when the provider cannot be reached or the connection cannot be restored.
+        """
+        self._ws = await self._open()
+        self._execute(self.core.start())
+        workers = [
+            asyncio.create_task(self._writer(), name="realtime-writer"),
+            asyncio.create_task(self._reader(), name="realtime-reader"),
+            asyncio.create_task(self._pump_input(), name="call-input"),
+            asyncio.create_task(self._watch_settled(), name="call-settle"),
+        ]
+        try:
+            await self._done.wait()
+        finally:
+            self._stopping = True
+            for task in workers + list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*workers, *self._tasks, return_exceptions=True)
+            self._execute(self.core.end())
+            if self._ws is not None:
+                with contextlib.suppress(Exception):
+                    await self._ws.close()
+        if self._failure is not None:
+            raise self._failure
+
+    def stop(self) -> None:
+        """End the call (e.g. Ctrl-C, /talk leave). Undelivered announcements resolve False."""
+        self._done.set()
+
+    async def announce(self, text: str) -> bool:
+        """Say `text` unprompted when the floor is free. True once spoken; False if the call ended first."""
+        announcement_id = next(self._announce_ids)
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._announcements[announcement_id] = future
+        self._execute(self.core.announce(announcement_id, text))
+        return await future
+
+    # -- provider socket -------------------------------------------------------------------------
+
+    async def _open(self) -> Any:
+        try:
+            return await self._connector(self.provider.url(), self.provider.headers())
+        except websockets.exceptions.InvalidStatus as exc:
+            status = exc.response.status_code
+            hint = {401: "the provider rejected the API key", 403: "the API key may not use this model",
+                    404: "the endpoint or model was not found"}.get(status, "the provider refused the connection")
+            raise CallFailed(f"could not start the call: {hint} (HTTP {status})") from None
+        except (OSError, TimeoutError, websockets.exceptions.InvalidURI,
+                websockets.exceptions.InvalidHandshake) as exc:
+            raise CallFailed(f"could not reach the voice service at {_safe_url(self.provider.url())}: "
+                             f"{type(exc).__name__}: {exc}") from None
+
+    async def _reader(self) -> None:
+        while not self._stopping:
+            try:
+                async for message in self._ws:
+                    self._on_message(message)
+            except websockets.exceptions.ConnectionClosed:
+                pass
+            if self._stopping:
+                return
+            await self._reconnect()
+
+    def _on_message(self, message: str | bytes) -> None:
+        try:
+            event = json.loads(message)
+        except ValueError:
+            log.warning("ignoring a non-JSON message from the provider")
+            return
+        if not isinstance(event, dict):
+            return
+        now = self._clock()
+        for neutral in self.provider.parse(event):
+            self._execute(self.core.on_provider(neutral, now))
+
+    async def _reconnect(self) -> None:
+        log.warning("voice service connection dropped; reconnecting")
+        self._clear_outbox()
+        self._execute(self.core.on_disconnect())
+        for attempt, delay in enumerate(self._backoff, 1):
+            await self._sleep(delay)
+            try:
+                self._ws = await self._open()
+            except CallFailed as exc:
+                log.warning("reconnect attempt %d failed: %s", attempt, exc)
+                continue
+            self._execute(self.core.on_reconnected())
+            return
+        self._failure = CallFailed(f"lost the voice service connection and could not reconnect after "
+                                   f"{len(self._backoff)} attempts")
+        self._stopping = True
+        self._done.set()
+
+    def _clear_outbox(self) -> None:
+        while not self._outbox.empty():
+            self._outbox.get_nowait()
+            self.dropped_sends += 1
+
+    async def _writer(self) -> None:
+        while True:
+            event = await self._outbox.get()
+            ws = self._ws
+            try:
+                await ws.send(json.dumps(event))
+                self.sent_events += 1
+            except websockets.exceptions.ConnectionClosed:
+                self.dropped_sends += 1  # the reader notices and reconnects; the core rebuilds state
+
+    # -- input ------------------------------------------------------------------------------------
+
+    async def _pump_input(self) -> None:
+        local = self.options.endpointing == "local"
+        transport = self.transport
+        async for frame in transport.frames():
+            context = transport.turn_context() if local else None
+            self._execute(self.core.on_user_audio(frame, self._clock(), context))
+        self._input_ended.set()
+
+    async def _watch_settled(self) -> None:
+        """After the input ends, finish once nothing has been in flight for `settle_s`."""
+        done_flag = getattr(self.transport, "input_done", None)
+        waiters = [asyncio.ensure_future(self._input_ended.wait())]
+        if isinstance(done_flag, asyncio.Event):
+            waiters.append(asyncio.ensure_future(done_flag.wait()))
+        _, pending = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in pending:
+            waiter.cancel()
+        quiet_since: float | None = None
+        while True:
+            now = self._clock()
+            if self.core.idle() and not self.transport.is_playing() and not self._tasks:
+                quiet_since = quiet_since if quiet_since is not None else now
+                if now - quiet_since >= self._settle_s:
+                    close = getattr(self.transport, "close_input", None)
+                    if callable(close):
+                        close()
+                    self._done.set()
+                    return
+            else:
+                quiet_since = None
+            await self._sleep(0.05)
+
+    # -- playback listener (called by the transport, on the loop) ---------------------------------
+
+    def on_playback_started(self, item_id: str) -> None:
+        self._execute(self.core.on_playback_started(item_id, self._clock()))
+
+    def on_playback_idle(self) -> None:
+        self._execute(self.core.on_playback_idle())
+
+    # -- actions ----------------------------------------------------------------------------------
+
+    def _execute(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, Send):
+                self._outbox.put_nowait(action.event)
+            elif isinstance(action, PlayAudio):
+                self.transport.play(action.pcm, action.item_id)
+            elif isinstance(action, FinishItem):
+                self.transport.finish_item(action.item_id)
+            elif isinstance(action, StopPlayback):
+                self.transport.clear()
+            elif isinstance(action, RunTool):
+                task = asyncio.create_task(self._run_tool(action), name=f"tool-{action.name}")
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+            elif isinstance(action, ShowTranscript):
+                if self._on_transcript is not None:
+                    self._on_transcript(action.role, action.text)
+            elif isinstance(action, AnnouncementResult):
+                future = self._announcements.pop(action.announcement_id, None)
+                if future is not None and not future.done():
+                    future.set_result(action.delivered)
+            elif isinstance(action, Notice):
+                level = {"info": logging.INFO, "warning": logging.WARNING}.get(action.level, logging.ERROR)
+                log.log(level, "%s", action.text)
+
+    async def _run_tool(self, action: RunTool) -> None:
+        outcome = await self.catalogue.run(action.call_id, action.name, action.arguments, action.metadata,
+                                           clock=self._clock)
+        self._execute(self.core.on_tool_result(action.call_id, outcome.output, outcome.elapsed_ms))
+
+    # -- status -----------------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        """What talk_status reports: never instructions' content, never secrets."""
+        return {
+            "version": __version__,
+            "provider": self.provider.name,
+            "model": self.provider.model,
+            "voice": getattr(self.provider, "voice", None),
+            "endpointing": self.options.endpointing,
+            "audio": {"assistant_playing": self.transport.is_playing(), **self.core.status()},
+            "identity": {"sections": dict(self.identity.sections), "problems": dict(self.identity.problems)},
+            "tools": self.catalogue.names(),
+            "latency": self.telemetry.summary(),
+            "recent_turns": [t.latencies_ms() for t in list(self.telemetry.recent)[-5:]],
+        }
+
+
+def _safe_url(url: str) -> str:
+    return url.split("?", 1)[0]

@@ -1,0 +1,64 @@
+"""Per-turn latency records: kept in memory for talk_status, optionally written as JSON lines."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class TurnRecord:
+    """Timestamps (seconds on the engine's clock) of one user turn and the answer to it."""
+
+    turn: int
+    speech_end: float | None = None
+    commit: float | None = None
+    response_created: float | None = None
+    first_audio_delta: float | None = None
+    first_audio_played: float | None = None
+    response_done: float | None = None
+    tool_ms: float = 0.0
+    status: str = ""
+    speakers: list[str] = field(default_factory=list)
+
+    def latencies_ms(self) -> dict[str, float]:
+        """Milliseconds from end of speech to each later mark (absent marks are omitted)."""
+        if self.speech_end is None:
+            return {}
+        out = {}
+        for name in ("commit", "response_created", "first_audio_delta", "first_audio_played", "response_done"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = round((value - self.speech_end) * 1000, 1)
+        return out
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        data["latency_ms"] = self.latencies_ms()
+        return data
+
+
+class Telemetry:
+    def __init__(self, keep: int = 50, path: Path | None = None) -> None:
+        self.recent: deque[TurnRecord] = deque(maxlen=keep)
+        self._path = path
+
+    def record(self, turn: TurnRecord) -> None:
+        self.recent.append(turn)
+        if self._path is not None:
+            try:
+                with self._path.open("a", encoding="utf-8") as fh:
+                    fh.write(json.dumps(turn.to_json()) + "\n")
+            except OSError as exc:
+                log.warning("could not write latency record to %s: %s", self._path, exc)
+
+    def summary(self) -> dict:
+        firsts = sorted(t.latencies_ms()["first_audio_delta"] for t in self.recent
+                        if "first_audio_delta" in t.latencies_ms())
+        return {"turns": len(self.recent),
+                "median_first_audio_ms": firsts[len(firsts) // 2] if firsts else None}

@@ -1,0 +1,1 @@
+"""Where a call's audio comes from and goes to: Discord, the terminal, or WAV files."""

@@ -1,0 +1,42 @@
+"""Local endpointing: an energy VAD with hysteresis over 20 ms frames of 24 kHz mono audio."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class VadConfig:
+    threshold_dbfs: float = -45.0
+    start_ms: int = 60  # this much voiced audio starts a turn (ignores clicks)
+    silence_ms: int = 500  # this much quiet ends it
+    prefix_ms: int = 300  # audio kept from before the start, so first syllables survive
+
+
+class EnergyVad:
+    """Feed frames with `push`; it returns 'start', 'end' or None. Pure, frame-counted."""
+
+    def __init__(self, config: VadConfig = VadConfig(), frame_ms: int = 20) -> None:
+        self.config = config
+        self.frame_ms = frame_ms
+        self.speaking = False
+        self._voiced_run = 0
+        self._quiet_run = 0
+        self._threshold = 32768.0 * 10 ** (config.threshold_dbfs / 20)
+
+    def push(self, frame: bytes) -> str | None:
+        samples = np.frombuffer(frame, dtype="<i2").astype(np.float32)
+        loud = bool(samples.size) and float(np.sqrt(np.mean(samples * samples))) >= self._threshold
+        if not self.speaking:
+            self._voiced_run = self._voiced_run + self.frame_ms if loud else 0
+            if self._voiced_run >= self.config.start_ms:
+                self.speaking, self._quiet_run = True, 0
+                return "start"
+            return None
+        self._quiet_run = 0 if loud else self._quiet_run + self.frame_ms
+        if self._quiet_run >= self.config.silence_ms:
+            self.speaking, self._voiced_run = False, 0
+            return "end"
+        return None
