@@ -10,7 +10,7 @@ from dotenv import load_dotenv
 
 from voice import __version__
 
-from . import doctor
+from . import doctor, talk
 from .settings import Settings
 
 
@@ -24,6 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("doctor", help="read-only diagnostics: Python, libopus, davey, which settings are set")
+    talk.add_parser(sub)
     return parser
 
 
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
         checks = doctor.run_checks(settings)
         print(doctor.render(checks))
         return 0 if all(c.ok for c in checks) else 1
+    if args.command == "talk":
+        return talk.run(settings, args)
     parser.print_help()
     return 0
 

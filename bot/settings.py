@@ -137,3 +137,22 @@ def parse_operator_ids(raw: str | None) -> tuple[frozenset[int], str | None]:
         return frozenset(), ("SWITCHBOARD_OPERATOR_USER_IDS is blank or malformed, so nobody may run "
                              "mutating tools; set it to comma-separated numeric Discord user IDs")
     return frozenset(int(p) for p in parts), None
+
+
+def realtime_api_key(settings: Settings) -> Secret:
+    """The provider key, resolved fail-closed. Raises SettingsError naming the variable to set.
+
+    OpenAI: SWITCHBOARD_OPENAI_API_KEY, then OPENAI_API_KEY; a set-but-blank first variable refuses
+    rather than falling through to the shared key. xAI: XAI_API_KEY.
+    """
+    env = settings.env
+    names = ("SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY") if settings.provider == "openai" else ("XAI_API_KEY",)
+    for name in names:
+        if name in env:
+            value = env[name].strip()
+            if not value:
+                raise SettingsError(f"{name} is set but blank; put your key there, or unset it"
+                                    + (" to use OPENAI_API_KEY" if name == "SWITCHBOARD_OPENAI_API_KEY" else ""))
+            return Secret(value)
+    raise SettingsError(f"no API key for provider {settings.provider!r}: set {' or '.join(names)} "
+                        "(in the environment or .env)")

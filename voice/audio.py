@@ -59,6 +59,7 @@ class Resampler:
     Output is bursty — HQ holds back ~20 ms — so re-chunk it with FrameChunker. `last=True` flushes
     the tail and leaves the resampler ready for a fresh stream. Equal rates pass bytes through.
     A stray odd byte (half a sample) is carried over to the next call rather than dropped.
+    Undithered: digital silence in is digital silence out.
     """
 
     def __init__(self, in_rate: int, out_rate: int, channels: int = 1, quality: str = "HQ") -> None:
@@ -72,7 +73,8 @@ class Resampler:
         self._stream = (
             None
             if in_rate == out_rate
-            else soxr.ResampleStream(in_rate, out_rate, channels, dtype="int16", quality=quality)
+            # float32 inside: soxr dithers int16 output, which would turn digital silence into noise
+            else soxr.ResampleStream(in_rate, out_rate, channels, dtype="float32", quality=quality)
         )
 
     def convert(self, pcm: bytes, last: bool = False) -> bytes:
@@ -82,13 +84,13 @@ class Resampler:
         data = data[:usable]
         if self._stream is None:
             return data
-        samples = np.frombuffer(data, dtype="<i2")
+        samples = np.frombuffer(data, dtype="<i2").astype(np.float32)
         if self.channels > 1:
             samples = samples.reshape(-1, self.channels)
         out = self._stream.resample_chunk(samples, last=last)
         if last:
             self._stream.clear()
-        return out.astype("<i2", copy=False).tobytes() if len(out) else b""
+        return _float_to_s16(out) if len(out) else b""
 
     def reset(self) -> None:
         """Forget buffered input (barge-in): the next convert() starts a new stream."""

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 REQUEST_KEY = "sb_req"  # our correlation id on every response.create we send
 RESTORE_ITEMS = 20
 ANNOUNCE_ATTEMPTS = 2
+SERVER_ANSWER_GRACE_S = 1.5  # after server VAD ends a turn, its own response comes first
 RECONNECTED_NOTICE = "The connection to the voice service dropped for a moment and is back."
 
 
@@ -180,6 +181,8 @@ class CallCore:
                                          "tool_calls": 0, "announcements": 0, "reconnects": 0,
                                          "provider_errors": 0}
         self.last_error: str | None = None
+        self._now = 0.0
+        self._hold_announcements_until = 0.0  # the server is about to answer the user's turn
 
     # -- session ---------------------------------------------------------------------------------
 
@@ -253,8 +256,12 @@ class CallCore:
         """One 20 ms frame of user audio (24 kHz mono)."""
         if not self.connected:
             return []
+        self._now = now
         if self.options.endpointing == "server":
-            return [Send(self.provider.append_audio(frame))]
+            actions: list[Action] = [Send(self.provider.append_audio(frame))]
+            if self._announcements and self._active is None and not self._inflight:
+                actions += self._pump()
+            return actions
         decision = self._vad.push(frame)
         actions: list[Action] = []
         if decision == "start":
@@ -326,6 +333,7 @@ class CallCore:
     # -- provider events ----------------------------------------------------------------------------
 
     def on_provider(self, event: ev.ProviderEvent, now: float) -> list[Action]:
+        self._now = now
         handler = _HANDLERS.get(type(event))
         if handler is None:
             return []
@@ -337,6 +345,7 @@ class CallCore:
     def _on_speech_stopped(self, event: ev.SpeechStopped, now: float) -> list[Action]:
         self.user_speaking = False
         self._new_turn(now)
+        self._hold_announcements_until = now + SERVER_ANSWER_GRACE_S
         return self._pump()
 
     def _on_committed(self, event: ev.InputCommitted, now: float) -> list[Action]:
@@ -359,6 +368,7 @@ class CallCore:
                              request.turn if request else self._turn,
                              answers=request.answers if request else ())
         self._responses[event.response_id] = response
+        self._hold_announcements_until = 0.0
         self._trim_responses()
         self._active = response
         turn = response.turn
@@ -540,7 +550,7 @@ class CallCore:
         if not self.connected or self.ended or self._active is not None or self._inflight:
             return []
         if not self._queue and self._announcements and not self.user_speaking \
-                and not self.playback.is_playing():
+                and self._now >= self._hold_announcements_until and not self.playback.is_playing():
             announcement = self._announcements.popleft()
             announcement.attempts += 1
             self._want("announce", ResponseRequest(instructions=_announce_instructions(announcement.text),

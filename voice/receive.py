@@ -22,7 +22,7 @@ import davey
 
 from .opus import FRAME_BYTES, OpusDecoder
 from .rtp import DAVE_MAGIC, OPUS_PAYLOAD_TYPE, OPUS_SILENCE
-from .transport import TransportCipher, UnsupportedMode
+from .transport_cipher import TransportCipher, UnsupportedMode
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,182 @@
+"""A call from a WAV file into a WAV file: IN.wav plays the user, OUT.wav records the assistant.
+
+Both directions run on the event loop on an absolute 20 ms schedule taken from an injectable clock,
+so a scripted call behaves like a live one (the provider's server VAD sees real-time audio and a
+silent tail) and tests can run it in virtual time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+
+from voice.audio import WavWriter, read_wav, to_mono_24k
+
+from .base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener, TurnContext
+from .speaker import SILENCE_FRAME, PacedSpeaker
+
+FRAME_S = FRAME_MS / 1000
+SleepFn = Callable[[float], Awaitable[object]]
+
+
+class FileTransport:
+    """CallTransport over files. IN.wav is read (and validated) by the constructor.
+
+    `frames()` yields the input as 24 kHz mono 20 ms frames — paced unless `realtime=False` — then,
+    with `tail_silence`, silence until `close_input()`; the last partial frame is padded. `start()`
+    begins paced playback: every 20 ms one frame leaves the speaker, and frames that belong to an
+    assistant item (not underrun silence) are appended to OUT.wav, each padded to a whole frame.
+    `aclose()` stops both directions and finalises OUT.wav (created, possibly empty, in any case).
+    """
+
+    def __init__(
+        self,
+        input_wav: Path,
+        output_wav: Path,
+        *,
+        realtime: bool = True,
+        tail_silence: bool = True,
+        sleep: SleepFn = asyncio.sleep,
+        clock: Callable[[], float] | None = None,
+    ) -> None:
+        samples, rate = read_wav(input_wav)
+        self._input = to_mono_24k(samples, rate)
+        self.output_path = Path(output_wav)
+        self.realtime = realtime
+        self.tail_silence = tail_silence
+        self._sleep = sleep
+        self._clock = clock  # None: the running loop's clock, looked up when first needed
+        self._speaker = PacedSpeaker()
+        self._writer: WavWriter | None = None
+        self._playback: asyncio.Task[None] | None = None
+        self._input_closed = False
+        self.input_done = asyncio.Event()  # set once the WAV has been yielded (or input was closed)
+
+    @property
+    def input_ms(self) -> int:
+        return len(self._input) * 1000 // (RATE * 2)
+
+    @property
+    def output_ms(self) -> int:
+        """Milliseconds of assistant audio written to OUT.wav so far."""
+        return self._writer.duration_ms if self._writer is not None else 0
+
+    @property
+    def speaker(self) -> PacedSpeaker:
+        return self._speaker
+
+    # -- input ---------------------------------------------------------------------------------
+
+    async def frames(self) -> AsyncIterator[bytes]:
+        """The user's audio, then (with tail_silence) silence, until the WAV ends or close_input()."""
+        clock = self._now()
+        start = clock()
+        index = 0
+        try:
+            for offset in range(0, len(self._input), FRAME_BYTES):
+                if not await self._wait_for_frame(clock, start, index):
+                    return
+                frame = self._input[offset : offset + FRAME_BYTES]
+                yield frame + bytes(FRAME_BYTES - len(frame))
+                index += 1
+            self.input_done.set()
+            # a provider with server VAD only ends the last turn after hearing silence in real time
+            while self.tail_silence and await self._wait_for_frame(clock, start, index):
+                yield SILENCE_FRAME
+                index += 1
+        finally:
+            self.input_done.set()
+
+    def close_input(self) -> None:
+        """End `frames()` at its next frame (the engine is done listening)."""
+        self._input_closed = True
+
+    async def _wait_for_frame(self, clock: Callable[[], float], start: float, index: int) -> bool:
+        """Wait until frame `index` has been 'captured'; False once the input is closed."""
+        if self._input_closed:
+            return False
+        if self.realtime:  # absolute schedule: late wake-ups do not accumulate as drift
+            await self._sleep(max(0.0, start + (index + 1) * FRAME_S - clock()))
+        else:
+            await self._sleep(0)  # still yield to the loop, so close_input() can happen
+        return not self._input_closed
+
+    # -- output --------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin paced playback into OUT.wav (needs a running loop); idempotent."""
+        if self._playback is None:
+            self._ensure_writer()
+            self._playback = asyncio.get_running_loop().create_task(self._play_out())
+
+    def tick(self, frames: int = 1) -> None:
+        """Play `frames` frames now — what the paced task does every 20 ms; for offline rendering."""
+        writer = self._ensure_writer()
+        for _ in range(frames):
+            frame, item_id = self._speaker.pull_frame()
+            if item_id is not None:
+                writer.write(frame)
+
+    async def _play_out(self) -> None:
+        clock = self._now()
+        start = clock()
+        index = 0
+        while True:
+            index += 1
+            await self._sleep(max(0.0, start + index * FRAME_S - clock()))
+            self.tick()
+
+    async def aclose(self) -> None:
+        """Stop input and playback and finalise OUT.wav; idempotent. Re-raises a playback failure."""
+        self.close_input()
+        task, self._playback = self._playback, None
+        try:
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        finally:
+            self._ensure_writer().close()
+
+    async def __aenter__(self) -> FileTransport:
+        self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    def _ensure_writer(self) -> WavWriter:
+        if self._writer is None:
+            self._writer = WavWriter(self.output_path, RATE, 1)
+        return self._writer
+
+    def _now(self) -> Callable[[], float]:
+        return self._clock if self._clock is not None else asyncio.get_running_loop().time
+
+    # -- CallTransport playback ----------------------------------------------------------------
+
+    def play(self, pcm: bytes, item_id: str) -> None:
+        self._speaker.play(pcm, item_id)
+
+    def finish_item(self, item_id: str) -> None:
+        self._speaker.finish_item(item_id)
+
+    def clear(self) -> None:
+        self._speaker.clear()
+
+    def played_ms(self, item_id: str) -> int:
+        return self._speaker.played_ms(item_id)
+
+    def is_playing(self) -> bool:
+        return self._speaker.is_playing()
+
+    def set_listener(self, listener: PlaybackListener) -> None:
+        self._speaker.set_listener(listener)
+
+    def turn_context(self) -> TurnContext | None:
+        return None
