@@ -97,7 +97,7 @@ def test_xai_session_is_flat_and_voices_are_checked():
 
 
 def test_openai_refuses_unknown_voice_retiring_model_and_missing_key():
-    with pytest.raises(ProviderConfigError, match="unknown voice"):
+    with pytest.raises(ProviderConfigError, match="unknown openai voice"):
         make_provider("openai", api_key="k", model="gpt-realtime-2.1-mini", voice="robot")
     with pytest.raises(ProviderConfigError, match="shuts down"):
         make_provider("openai", api_key="k", model="gpt-realtime", voice="marin")

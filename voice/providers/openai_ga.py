@@ -23,21 +23,25 @@ class OpenAIRealtime:
     input_rate = 24_000
     output_rate = 24_000
 
+    voices: tuple[str, ...] = VOICES
+    default_url = DEFAULT_URL
+    key_hint = "set SWITCHBOARD_OPENAI_API_KEY or OPENAI_API_KEY"
+
     def __init__(self, api_key: str, model: str, voice: str, url: str | None = None) -> None:
         if not api_key:
-            raise ProviderConfigError("no OpenAI API key: set SWITCHBOARD_OPENAI_API_KEY or OPENAI_API_KEY")
+            raise ProviderConfigError(f"no {self.name} API key: {self.key_hint}")
         if model in RETIRING_MODELS:
             raise ProviderConfigError(
                 f"model {model!r} shuts down on {RETIRING_MODELS[model]}; use gpt-realtime-2.1-mini or gpt-realtime-2.1")
-        if voice not in VOICES and not voice.startswith("voice_"):
-            raise ProviderConfigError(f"unknown voice {voice!r}; choose one of {', '.join(VOICES)}")
+        if voice not in self.voices and not (self.name == "openai" and voice.startswith("voice_")):
+            raise ProviderConfigError(f"unknown {self.name} voice {voice!r}; choose one of {', '.join(self.voices)}")
         self._key = api_key
         self.model = model
         self.voice = voice
-        self._url = url or DEFAULT_URL
+        self._url = url or self.default_url
 
     def __repr__(self) -> str:
-        return f"OpenAIRealtime(model={self.model!r}, voice={self.voice!r}, url={self._url!r})"
+        return f"{type(self).__name__}(model={self.model!r}, voice={self.voice!r}, url={self._url!r})"
 
     def url(self) -> str:
         sep = "&" if "?" in self._url else "?"

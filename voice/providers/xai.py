@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import ProviderConfigError, SessionConfig
+from .base import SessionConfig
 from .openai_ga import OpenAIRealtime, parse_ga_event
 
 DEFAULT_URL = "wss://api.x.ai/v1/realtime"
@@ -14,18 +14,9 @@ VOICES = ("Ara", "Eve", "Rex", "Sal", "Leo")
 class XAIRealtime(OpenAIRealtime):
     name = "xai"
 
-    def __init__(self, api_key: str, model: str, voice: str, url: str | None = None) -> None:
-        if not api_key:
-            raise ProviderConfigError("no xAI API key: set XAI_API_KEY")
-        if voice not in VOICES:
-            raise ProviderConfigError(f"unknown xAI voice {voice!r}; choose one of {', '.join(VOICES)}")
-        self._key = api_key
-        self.model = model
-        self.voice = voice
-        self._url = url or DEFAULT_URL
-
-    def __repr__(self) -> str:
-        return f"XAIRealtime(model={self.model!r}, voice={self.voice!r}, url={self._url!r})"
+    voices = VOICES
+    default_url = DEFAULT_URL
+    key_hint = "set XAI_API_KEY"
 
     def session_update(self, config: SessionConfig) -> dict:
         fmt = {"type": "audio/pcm", "rate": 24_000}

@@ -15,14 +15,14 @@ from types import TracebackType
 
 from voice.audio import WavWriter, read_wav, to_mono_24k
 
-from .base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener, TurnContext
-from .speaker import SILENCE_FRAME, PacedSpeaker
+from .base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener
+from .speaker import SILENCE_FRAME, PacedSpeaker, SpeakerPlayback
 
 FRAME_S = FRAME_MS / 1000
 SleepFn = Callable[[float], Awaitable[object]]
 
 
-class FileTransport:
+class FileTransport(SpeakerPlayback):
     """CallTransport over files. IN.wav is read (and validated) by the constructor.
 
     `frames()` yields the input as 24 kHz mono 20 ms frames — paced unless `realtime=False` — then,
@@ -160,23 +160,6 @@ class FileTransport:
 
     # -- CallTransport playback ----------------------------------------------------------------
 
-    def play(self, pcm: bytes, item_id: str) -> None:
-        self._speaker.play(pcm, item_id)
-
-    def finish_item(self, item_id: str) -> None:
-        self._speaker.finish_item(item_id)
-
-    def clear(self) -> None:
-        self._speaker.clear()
-
-    def played_ms(self, item_id: str) -> int:
-        return self._speaker.played_ms(item_id)
-
-    def is_playing(self) -> bool:
-        return self._speaker.is_playing()
-
     def set_listener(self, listener: PlaybackListener) -> None:
         self._speaker.set_listener(listener)
 
-    def turn_context(self) -> TurnContext | None:
-        return None

@@ -141,3 +141,27 @@ class PacedSpeaker:
         played.move_to_end(item_id)
         while len(played) > _KEEP_ITEMS:
             played.popitem(last=False)
+
+
+class SpeakerPlayback:
+    """CallTransport's playback half, delegated to a `PacedSpeaker` in `self._speaker`."""
+
+    _speaker: PacedSpeaker
+
+    def play(self, pcm: bytes, item_id: str) -> None:
+        self._speaker.play(pcm, item_id)
+
+    def finish_item(self, item_id: str) -> None:
+        self._speaker.finish_item(item_id)
+
+    def clear(self) -> None:
+        self._speaker.clear()
+
+    def played_ms(self, item_id: str) -> int:
+        return self._speaker.played_ms(item_id)
+
+    def is_playing(self) -> bool:
+        return self._speaker.is_playing()
+
+    def turn_context(self) -> None:
+        return None  # one local speaker: no per-turn speaker context

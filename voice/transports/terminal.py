@@ -17,8 +17,8 @@ from typing import Any
 
 from voice.audio import FrameChunker, Resampler, rms_dbfs
 
-from .base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener, TurnContext
-from .speaker import PacedSpeaker
+from .base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener
+from .speaker import PacedSpeaker, SpeakerPlayback
 
 INSTALL_HINT = (
     "install it with `pip install 'switchboard[audio]'` "
@@ -125,7 +125,7 @@ class _LoopHop:
             pass
 
 
-class TerminalTransport:
+class TerminalTransport(SpeakerPlayback):
     """CallTransport over the default (or given) microphone and speaker.
 
     Construction only imports sounddevice (TerminalAudioUnavailable if it cannot); `start()` opens
@@ -316,26 +316,9 @@ class TerminalTransport:
         outdata[:need] = bytes(buf[:need])
         del buf[:need]
 
-    def play(self, pcm: bytes, item_id: str) -> None:
-        self._speaker.play(pcm, item_id)
-
-    def finish_item(self, item_id: str) -> None:
-        self._speaker.finish_item(item_id)
-
-    def clear(self) -> None:
-        self._speaker.clear()
-
-    def played_ms(self, item_id: str) -> int:
-        return self._speaker.played_ms(item_id)
-
-    def is_playing(self) -> bool:
-        return self._speaker.is_playing()
-
     def set_listener(self, listener: PlaybackListener) -> None:
         self._listener = listener
         if self._loop is not None:
             self._speaker.set_listener(_LoopHop(self._loop, listener))
 
-    def turn_context(self) -> TurnContext | None:
-        return None
 
