@@ -172,3 +172,26 @@ def test_audio_is_only_played_for_live_responses():
     core.on_provider(ev.ResponseCreated("r1"), 0.0)
     actions = core.on_provider(ev.AudioDelta("r1", "i1", b"\x01\x00" * 480), 0.1)
     assert actions == [PlayAudio("i1", b"\x01\x00" * 480)]
+
+
+def test_a_rejected_response_request_does_not_jam_the_floor():
+    core, _ = make_core()
+    first = sent(core.announce(5, "deploy finished"))
+    assert first[0]["event_id"].startswith("sb_")
+    retry = sent(core.on_provider(ev.ProviderError("invalid_value", "bad", first[0]["event_id"]), 0.1))
+    assert [e["type"] for e in retry] == ["response.create"]  # retried once
+    final = core.on_provider(ev.ProviderError("invalid_value", "bad", retry[0]["event_id"]), 0.2)
+    assert AnnouncementResult(5, False) in final
+    core.on_provider(ev.ResponseCreated("r1"), 0.3)
+    core.on_provider(ev.FunctionCall("r1", "i1", "c1", "t", "{}"), 0.3)
+    core.on_provider(ev.ResponseDone("r1", "completed"), 0.3)
+    assert "response.create" in types(core.on_tool_result("c1", '"ok"'))
+
+
+def test_announcement_hold_after_server_vad_expires_if_the_server_never_answers():
+    core, _ = make_core()
+    core.on_provider(ev.SpeechStarted(), 0.0)
+    core.on_provider(ev.SpeechStopped(), 0.5)
+    assert core.announce(1, "hello") == []  # the server's own answer goes first
+    assert types(core.on_user_audio(bytes(960), 1.0)) == ["input_audio_buffer.append"]
+    assert types(core.on_user_audio(bytes(960), 2.1)) == ["input_audio_buffer.append", "response.create"]

@@ -233,6 +233,9 @@ async def test_provider_error_is_logged_and_the_call_continues(caplog):
             await fake.wait_for(lambda: ("assistant", "Recovered.") in call.transcripts, timeout=3)
         assert call.engine.core.last_error.startswith("server_error")
         assert KEY not in caplog.text
+        spoken = [e["response"]["instructions"] for e in call.received("response.create")
+                  if e.get("response", {}).get("tool_choice") == "none"]
+        assert len(spoken) == 1 and "the model hiccupped" in spoken[0]  # the user is told, once
         fake.assert_clean()
 
 

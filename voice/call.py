@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 REQUEST_KEY = "sb_req"  # our correlation id on every response.create we send
 RESTORE_ITEMS = 20
 ANNOUNCE_ATTEMPTS = 2
+EVENT_ID_PREFIX = "sb_"
+SPOKEN_ERROR_GAP_S = 30.0
+USER_FACING_ERRORS = frozenset({"server_error", "rate_limit_exceeded", "insufficient_quota", "session_expired"})
 SERVER_ANSWER_GRACE_S = 1.5  # after server VAD ends a turn, its own response comes first
 RECONNECTED_NOTICE = "The connection to the voice service dropped for a moment and is back."
 
@@ -182,6 +185,7 @@ class CallCore:
                                          "provider_errors": 0}
         self.last_error: str | None = None
         self._now = 0.0
+        self._last_spoken_problem = -SPOKEN_ERROR_GAP_S
         self._hold_announcements_until = 0.0  # the server is about to answer the user's turn
 
     # -- session ---------------------------------------------------------------------------------
@@ -452,6 +456,8 @@ class CallCore:
                 self._calls[call_id].answered = True
         if event.status == "failed":
             actions.append(Notice("warning", f"the response failed: {event.detail or 'no reason given'}"))
+            if response.kind != "announce":
+                self._speak_problem("the last answer failed on the voice service", now)
         actions += self._maybe_follow_up(response)
         if turn is not None and not response.calls and turn is self._turn:
             self._close_turn(event.status)
@@ -475,11 +481,37 @@ class CallCore:
             return []
         self.counters["provider_errors"] += 1
         self.last_error = f"{event.code}: {event.message}"[:300]
+        request = self._take_inflight(event.event_id)
         if event.code == "conversation_already_has_active_response":
-            while self._inflight:  # the server started a response on its own first: ask again later
-                self._queue.appendleft(self._inflight.pop())
+            if request is not None:  # the server started a response on its own first: ask again later
+                self._queue.appendleft(request)
+            else:
+                while self._inflight:
+                    self._queue.appendleft(self._inflight.pop())
             return [Notice("info", "provider busy; response queued")]
-        return [Notice("error", f"provider error {event.code}: {event.message}")]
+        actions: list[Action] = [Notice("error", f"provider error {event.code}: {event.message}")]
+        if request is not None and request.announcement is not None:
+            actions += self._settle_announcement(_Response("", "announce", {}, request.announcement), "failed")
+        if event.code in USER_FACING_ERRORS:
+            self._speak_problem(f"the voice service reported a problem ({event.message[:120]})", now)
+        return actions + self._pump()
+
+    def _take_inflight(self, event_id: str | None) -> _Request | None:
+        """The response request an error refers to (we stamp our response.create event ids)."""
+        if not event_id or not event_id.startswith(EVENT_ID_PREFIX):
+            return None
+        for request in self._inflight:
+            if EVENT_ID_PREFIX + request.request_id == event_id:
+                self._inflight.remove(request)
+                return request
+        return None
+
+    def _speak_problem(self, text: str, now: float) -> None:
+        """Tell the people in the call, at most once per SPOKEN_ERROR_GAP_S (never a loop)."""
+        if now - self._last_spoken_problem < SPOKEN_ERROR_GAP_S:
+            return
+        self._last_spoken_problem = now
+        self._announcements.appendleft(_Announcement(0, f"Sorry, {text}. I'm still listening.", urgent=True))
 
     # -- tools ------------------------------------------------------------------------------------------
 
@@ -561,7 +593,9 @@ class CallCore:
             return []
         request = self._queue.popleft()
         self._inflight.append(request)
-        return [Send(self.provider.create_response(request.request))]
+        event = self.provider.create_response(request.request)
+        event["event_id"] = EVENT_ID_PREFIX + request.request_id
+        return [Send(event)]
 
     # -- turns ------------------------------------------------------------------------------------------------
 

@@ -91,6 +91,7 @@ class ItemTruncated:
 class ProviderError:
     code: str
     message: str
+    event_id: str | None = None  # the client event that caused it, when the provider says
 
     @property
     def harmless(self) -> bool:

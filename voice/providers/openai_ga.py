@@ -181,7 +181,8 @@ def parse_ga_event(event: dict) -> list[ev.ProviderEvent]:
     if kind == "error":
         error = event.get("error") or {}
         return [ev.ProviderError(str(error.get("code") or error.get("type") or "error"),
-                                 str(error.get("message") or json.dumps(error)[:200]))]
+                                 str(error.get("message") or json.dumps(error)[:200]),
+                                 error.get("event_id") if isinstance(error.get("event_id"), str) else None)]
     return [ev.Unhandled(kind)]
 
 
