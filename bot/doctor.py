@@ -18,7 +18,7 @@ class Check:
 
 
 def run_checks(settings: Settings) -> list[Check]:
-    checks = [_python(), _libopus(), _davey(), _nacl()]
+    checks = [_python(), _libopus(), _davey(), _nacl(), _terminal_audio()]
     checks.append(Check("settings", not settings.problems,
                         "; ".join(settings.problems) or "parsed without problems"))
     names = ", ".join(settings.present) or "none (defaults in use; see .env.example)"
@@ -64,6 +64,21 @@ def _nacl() -> Check:
         return Check("pynacl", True, nacl.__version__)
     except Exception as exc:
         return Check("pynacl", False, f"not importable ({exc})")
+
+
+def _terminal_audio() -> Check:
+    """Informational: `talk` on the terminal needs sounddevice, PortAudio and a device."""
+    try:
+        import sounddevice
+
+        devices = sounddevice.query_devices()
+        inputs = sum(1 for d in devices if d.get("max_input_channels", 0) > 0)
+        outputs = sum(1 for d in devices if d.get("max_output_channels", 0) > 0)
+        return Check("terminal audio", True, f"PortAudio ok, {inputs} input / {outputs} output devices"
+                     + ("" if inputs and outputs else " (talk needs both; --input-wav works without)"))
+    except Exception as exc:
+        return Check("terminal audio", True, f"unavailable ({type(exc).__name__}); for `talk` on a microphone: "
+                     "pip install '.[audio]' and apt-get install -y libportaudio2")
 
 
 def render(checks: list[Check]) -> str:

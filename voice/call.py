@@ -9,102 +9,39 @@ barge-in must truncate at what was actually heard.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from voice import events as ev
+from voice.call_actions import (
+    Action,
+    AnnouncementResult,
+    FinishItem,
+    Notice,
+    PlayAudio,
+    PlaybackView,
+    RunTool,
+    Send,
+    ShowTranscript,
+    StopPlayback,
+)
+from voice.floor import REQUEST_KEY, Announcement, Floor
 from voice.providers.base import RealtimeProvider, ResponseRequest, SessionConfig
 from voice.telemetry import Telemetry, TurnRecord
 from voice.transports.base import FRAME_BYTES, TurnContext
-from voice.vad import EnergyVad, VadConfig
+from voice.vad import LocalEndpointer, VadConfig
 
 log = logging.getLogger(__name__)
 
-REQUEST_KEY = "sb_req"  # our correlation id on every response.create we send
 RESTORE_ITEMS = 20
-ANNOUNCE_ATTEMPTS = 2
-EVENT_ID_PREFIX = "sb_"
 SPOKEN_ERROR_GAP_S = 30.0
 USER_FACING_ERRORS = frozenset({"server_error", "rate_limit_exceeded", "insufficient_quota", "session_expired"})
 SERVER_ANSWER_GRACE_S = 1.5  # after server VAD ends a turn, its own response comes first
 RECONNECTED_NOTICE = "The connection to the voice service dropped for a moment and is back."
 
 
-# -- actions -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Send:
-    event: dict
-
-
-@dataclass(frozen=True)
-class PlayAudio:
-    item_id: str
-    pcm: bytes
-
-
-@dataclass(frozen=True)
-class FinishItem:
-    item_id: str
-
-
-@dataclass(frozen=True)
-class StopPlayback:
-    pass
-
-
-@dataclass(frozen=True)
-class RunTool:
-    call_id: str
-    name: str
-    arguments: str
-    metadata: dict[str, str]
-
-
-@dataclass(frozen=True)
-class ShowTranscript:
-    role: str  # "user" | "assistant"
-    text: str
-
-
-@dataclass(frozen=True)
-class AnnouncementResult:
-    announcement_id: int
-    delivered: bool
-
-
-@dataclass(frozen=True)
-class Notice:
-    level: str  # "info" | "warning" | "error"
-    text: str
-
-
-Action = Send | PlayAudio | FinishItem | StopPlayback | RunTool | ShowTranscript | AnnouncementResult | Notice
-
-
-class PlaybackView(Protocol):
-    def played_ms(self, item_id: str) -> int: ...
-    def is_playing(self) -> bool: ...
-
-
 # -- bookkeeping ----------------------------------------------------------------------------------
-
-
-@dataclass
-class _Request:
-    """A response.create we want, or have sent and not yet seen created."""
-
-    request_id: str
-    kind: str  # turn | tool | announce
-    request: ResponseRequest
-    announcement: _Announcement | None = None
-    turn: TurnRecord | None = None
-    cancel_on_create: bool = False
-    answers: tuple[str, ...] = ()  # call ids a tool follow-up answers
 
 
 @dataclass
@@ -112,7 +49,7 @@ class _Response:
     response_id: str
     kind: str
     metadata: dict[str, str]
-    announcement: _Announcement | None = None
+    announcement: Announcement | None = None
     turn: TurnRecord | None = None
     cancelled: bool = False
     calls: list[str] = field(default_factory=list)
@@ -132,14 +69,6 @@ class _Call:
     output: str | None = None
     output_sent: bool = False
     answered: bool = False  # the follow-up response to this call completed
-
-
-@dataclass
-class _Announcement:
-    announcement_id: int
-    text: str
-    attempts: int = 0
-    urgent: bool = False
 
 
 @dataclass
@@ -165,20 +94,15 @@ class CallCore:
         self.connected = False
         self.user_speaking = False
         self.ended = False
-        self._ids = itertools.count(1)
-        self._queue: deque[_Request] = deque()  # wanted, not yet sent
-        self._inflight: deque[_Request] = deque()  # sent, not yet created
+        self.floor = Floor()
         self._responses: dict[str, _Response] = {}
         self._active: _Response | None = None
         self._calls: dict[str, _Call] = {}
-        self._announcements: deque[_Announcement] = deque()
         self._received_ms: dict[str, float] = {}  # item -> ms of audio received
         self._history: deque[tuple[str, str]] = deque(maxlen=RESTORE_ITEMS)
         self._turn: TurnRecord | None = None
         self._turn_ids = itertools.count(1)
-        self._vad = EnergyVad(self.options.vad)
-        frames = max(1, self.options.vad.prefix_ms // 20)
-        self._prefix: deque[bytes] = deque(maxlen=frames)
+        self._endpointer = LocalEndpointer(self.options.vad)
         self._turn_context: TurnContext | None = None
         self.counters: dict[str, int] = {"barge_ins": 0, "cancels_sent": 0, "stale_audio_dropped": 0,
                                          "tool_calls": 0, "announcements": 0, "reconnects": 0,
@@ -186,7 +110,6 @@ class CallCore:
         self.last_error: str | None = None
         self._now = 0.0
         self._last_spoken_problem = -SPOKEN_ERROR_GAP_S
-        self._hold_announcements_until = 0.0  # the server is about to answer the user's turn
 
     # -- session ---------------------------------------------------------------------------------
 
@@ -199,16 +122,12 @@ class CallCore:
         """The socket dropped: whatever the server was doing is gone."""
         self.connected = False
         actions: list[Action] = []
-        for request in self._inflight:
-            if request.kind == "announce" and request.announcement is not None:
-                self._announcements.appendleft(request.announcement)
-        self._inflight.clear()
-        self._queue.clear()  # turns are lost with the socket; tool follow-ups are rebuilt on reconnect
+        self.floor.lose_connection()
         if self._active is not None:
             self._active.cancelled = True
             self._active.done = True
-            if self._active.kind == "announce" and self._active.announcement is not None:
-                self._announcements.appendleft(self._active.announcement)
+            if self._active.announcement is not None:
+                self.floor.announce(self._active.announcement, first=True)
             self._active = None
         for response in self._responses.values():
             response.followed_up = False
@@ -232,24 +151,17 @@ class CallCore:
                     call.output_sent = True
             response.done = True
             self._maybe_follow_up(response)
-        self._announcements.appendleft(_Announcement(0, RECONNECTED_NOTICE, urgent=True))
+        self.floor.announce(Announcement(0, RECONNECTED_NOTICE), first=True)
         actions.append(Notice("warning", "voice service connection restored"))
         return actions + self._pump()
 
     def end(self) -> list[Action]:
         """The call is over: every undelivered announcement is reported as not delivered."""
         self.ended = True
-        actions: list[Action] = []
-        pending = list(self._announcements)
-        pending += [r.announcement for r in list(self._queue) + list(self._inflight) if r.announcement]
+        pending = self.floor.close()
         if self._active is not None and self._active.announcement is not None:
             pending.append(self._active.announcement)
-        for announcement in pending:
-            if announcement.announcement_id:
-                actions.append(AnnouncementResult(announcement.announcement_id, False))
-        self._announcements.clear()
-        self._queue.clear()
-        self._inflight.clear()
+        actions: list[Action] = [AnnouncementResult(a.announcement_id, False) for a in pending if a.announcement_id]
         if self._turn is not None:
             self._close_turn("ended")
         return actions
@@ -263,21 +175,15 @@ class CallCore:
         self._now = now
         if self.options.endpointing == "server":
             actions: list[Action] = [Send(self.provider.append_audio(frame))]
-            if self._announcements and self._active is None and not self._inflight:
+            if self.floor.announcements and self._active is None and not self.floor.inflight:
                 actions += self._pump()
             return actions
-        decision = self._vad.push(frame)
-        actions: list[Action] = []
+        decision, frames = self._endpointer.push(frame)
+        actions = []
         if decision == "start":
             self._turn_context = context
             actions += self._speech_started(now)
-            for earlier in self._prefix:
-                actions.append(Send(self.provider.append_audio(earlier)))
-            self._prefix.clear()
-        if self._vad.speaking or decision == "end":
-            actions.append(Send(self.provider.append_audio(frame)))
-        else:
-            self._prefix.append(frame)
+        actions += [Send(self.provider.append_audio(f)) for f in frames]
         if decision == "end":
             actions += self._local_turn_end(now, context or self._turn_context)
         return actions
@@ -294,7 +200,7 @@ class CallCore:
                 actions.append(Send(self.provider.add_text_item("system", context.context)))
         actions.append(Send(self.provider.commit_audio()))
         turn.commit = now
-        self._want("turn", ResponseRequest(metadata=metadata), turn=turn)
+        self.floor.want("turn", ResponseRequest(metadata=metadata), turn=turn)
         return actions + self._pump()
 
     def _speech_started(self, now: float) -> list[Action]:
@@ -313,9 +219,7 @@ class CallCore:
                 actions.append(Send(self.provider.truncate(item, heard)))
         if active is not None and not active.cancelled and not active.done:
             actions += self._cancel(active)
-        for request in self._inflight:
-            if request.kind in ("turn", "announce"):
-                request.cancel_on_create = True
+        self.floor.interrupt_pending()
         if self._turn is not None and self._turn.response_created is not None:
             self._close_turn("interrupted")
         return actions
@@ -349,7 +253,7 @@ class CallCore:
     def _on_speech_stopped(self, event: ev.SpeechStopped, now: float) -> list[Action]:
         self.user_speaking = False
         self._new_turn(now)
-        self._hold_announcements_until = now + SERVER_ANSWER_GRACE_S
+        self.floor.hold_announcements_until = now + SERVER_ANSWER_GRACE_S
         return self._pump()
 
     def _on_committed(self, event: ev.InputCommitted, now: float) -> list[Action]:
@@ -365,14 +269,14 @@ class CallCore:
         return [ShowTranscript("user", text)]
 
     def _on_response_created(self, event: ev.ResponseCreated, now: float) -> list[Action]:
-        request = self._match_request(event.metadata)
+        request = self.floor.match_created(event.metadata, fifo=self.options.endpointing == "local")
         kind = request.kind if request else "auto"
         response = _Response(event.response_id, kind, dict(event.metadata),
                              request.announcement if request else None,
                              request.turn if request else self._turn,
                              answers=request.answers if request else ())
         self._responses[event.response_id] = response
-        self._hold_announcements_until = 0.0
+        self.floor.hold_announcements_until = 0.0
         self._trim_responses()
         self._active = response
         turn = response.turn
@@ -381,16 +285,6 @@ class CallCore:
         if request is not None and request.cancel_on_create:
             return self._cancel(response)
         return []
-
-    def _match_request(self, metadata: dict[str, str]) -> _Request | None:
-        wanted = metadata.get(REQUEST_KEY)
-        for request in self._inflight:
-            if request.request_id == wanted:
-                self._inflight.remove(request)
-                return request
-        if wanted is None and self._inflight and self.options.endpointing == "local":
-            return self._inflight.popleft()  # a provider that does not echo metadata: FIFO
-        return None
 
     def _on_audio_delta(self, event: ev.AudioDelta, now: float) -> list[Action]:
         response = self._responses.get(event.response_id)
@@ -464,14 +358,12 @@ class CallCore:
         return actions + self._pump()
 
     def _settle_announcement(self, response: _Response, status: str) -> list[Action]:
-        announcement = response.announcement
-        assert announcement is not None
-        if status == "completed":
-            return [AnnouncementResult(announcement.announcement_id, True)] if announcement.announcement_id else []
-        if announcement.attempts < ANNOUNCE_ATTEMPTS:
-            self._announcements.appendleft(announcement)
+        return self._settle(response.announcement, status == "completed")
+
+    def _settle(self, announcement: Announcement | None, spoken: bool) -> list[Action]:
+        if announcement is None or (not spoken and self.floor.retry_announcement(announcement)):
             return []
-        return [AnnouncementResult(announcement.announcement_id, False)] if announcement.announcement_id else []
+        return [AnnouncementResult(announcement.announcement_id, spoken)] if announcement.announcement_id else []
 
     def _on_truncated(self, event: ev.ItemTruncated, now: float) -> list[Action]:
         return []
@@ -481,37 +373,23 @@ class CallCore:
             return []
         self.counters["provider_errors"] += 1
         self.last_error = f"{event.code}: {event.message}"[:300]
-        request = self._take_inflight(event.event_id)
+        request = self.floor.take_inflight(event.event_id)
         if event.code == "conversation_already_has_active_response":
-            if request is not None:  # the server started a response on its own first: ask again later
-                self._queue.appendleft(request)
-            else:
-                while self._inflight:
-                    self._queue.appendleft(self._inflight.pop())
+            self.floor.retry_later(request)
             return [Notice("info", "provider busy; response queued")]
         actions: list[Action] = [Notice("error", f"provider error {event.code}: {event.message}")]
-        if request is not None and request.announcement is not None:
-            actions += self._settle_announcement(_Response("", "announce", {}, request.announcement), "failed")
+        if request is not None:
+            actions += self._settle(request.announcement, False)
         if event.code in USER_FACING_ERRORS:
             self._speak_problem(f"the voice service reported a problem ({event.message[:120]})", now)
         return actions + self._pump()
-
-    def _take_inflight(self, event_id: str | None) -> _Request | None:
-        """The response request an error refers to (we stamp our response.create event ids)."""
-        if not event_id or not event_id.startswith(EVENT_ID_PREFIX):
-            return None
-        for request in self._inflight:
-            if EVENT_ID_PREFIX + request.request_id == event_id:
-                self._inflight.remove(request)
-                return request
-        return None
 
     def _speak_problem(self, text: str, now: float) -> None:
         """Tell the people in the call, at most once per SPOKEN_ERROR_GAP_S (never a loop)."""
         if now - self._last_spoken_problem < SPOKEN_ERROR_GAP_S:
             return
         self._last_spoken_problem = now
-        self._announcements.appendleft(_Announcement(0, f"Sorry, {text}. I'm still listening.", urgent=True))
+        self.floor.announce(Announcement(0, f"Sorry, {text}. I'm still listening."), first=True)
 
     # -- tools ------------------------------------------------------------------------------------------
 
@@ -540,7 +418,7 @@ class CallCore:
         if response.followed_up or any(c.output is None or not c.output_sent for c in calls):
             return []
         response.followed_up = True
-        self._want("tool", turn=response.turn, answers=tuple(response.calls))
+        self.floor.want("tool", turn=response.turn, answers=tuple(response.calls))
         return []
 
     # -- announcements --------------------------------------------------------------------------------
@@ -549,7 +427,7 @@ class CallCore:
         """Queue something to say unprompted; spoken when the floor is free, with tools off."""
         if self.ended:
             return [AnnouncementResult(announcement_id, False)]
-        self._announcements.append(_Announcement(announcement_id, text))
+        self.floor.announce(Announcement(announcement_id, text))
         self.counters["announcements"] += 1
         return self._pump()
 
@@ -567,34 +445,15 @@ class CallCore:
 
     # -- response scheduling ----------------------------------------------------------------------------
 
-    def _want(self, kind: str, request: ResponseRequest | None = None, *,
-              announcement: _Announcement | None = None, turn: TurnRecord | None = None,
-              answers: tuple[str, ...] = ()) -> None:
-        request_id = f"r{next(self._ids)}"
-        base = request or ResponseRequest()
-        metadata = dict(base.metadata)
-        metadata[REQUEST_KEY] = request_id
-        stamped = ResponseRequest(metadata, base.instructions, base.tools_off)
-        self._queue.append(_Request(request_id, kind, stamped, announcement, turn, answers=answers))
-
     def _pump(self) -> list[Action]:
         """Send the next wanted response when nothing else holds the floor."""
-        if not self.connected or self.ended or self._active is not None or self._inflight:
+        busy = not self.connected or self.ended or self._active is not None
+        request = self.floor.next_request(now=self._now, busy=busy, user_speaking=self.user_speaking,
+                                          playing=self.playback.is_playing())
+        if request is None:
             return []
-        if not self._queue and self._announcements and not self.user_speaking \
-                and self._now >= self._hold_announcements_until and not self.playback.is_playing():
-            announcement = self._announcements.popleft()
-            announcement.attempts += 1
-            self._want("announce", ResponseRequest(instructions=_announce_instructions(announcement.text),
-                                                   tools_off=True), announcement=announcement)
-        if not self._queue:
-            return []
-        if self.user_speaking and self._queue[0].kind != "turn":
-            return []
-        request = self._queue.popleft()
-        self._inflight.append(request)
         event = self.provider.create_response(request.request)
-        event["event_id"] = EVENT_ID_PREFIX + request.request_id
+        event["event_id"] = request.event_id
         return [Send(event)]
 
     # -- turns ------------------------------------------------------------------------------------------------
@@ -629,22 +488,15 @@ class CallCore:
             "user_speaking": self.user_speaking,
             "assistant_responding": self._active is not None,
             "pending_tool_calls": sum(1 for c in self._calls.values() if c.output is None),
-            "queued_announcements": len(self._announcements),
+            "queued_announcements": len(self.floor.announcements),
             "counters": dict(self.counters),
             "last_error": self.last_error,
         }
 
     def idle(self) -> bool:
         """Nothing in flight: no response, no queued work, no unanswered tool call."""
-        return (self._active is None and not self._inflight and not self._queue
-                and not self._announcements and all(c.output is not None for c in self._calls.values())
+        return (self._active is None and self.floor.empty() and all(c.output is not None for c in self._calls.values())
                 and not self.user_speaking)
-
-
-def _announce_instructions(text: str) -> str:
-    body = json.dumps(text)
-    return ("Say the following to the people in the call now, briefly and in your own words, "
-            f"then stop. Do not call tools. The message: {body}")
 
 
 _HANDLERS = {
@@ -662,4 +514,7 @@ _HANDLERS = {
     ev.ProviderError: CallCore._on_error,
 }
 
-__all__ = ["Action", "CallCore", "CallOptions", "FRAME_BYTES", "PlaybackView"]
+__all__ = [
+    "Action", "AnnouncementResult", "CallCore", "CallOptions", "FRAME_BYTES", "FinishItem", "Notice",
+    "PlayAudio", "PlaybackView", "RunTool", "Send", "ShowTranscript", "StopPlayback",
+]

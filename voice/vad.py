@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,3 +41,27 @@ class EnergyVad:
             self.speaking, self._voiced_run = False, 0
             return "end"
         return None
+
+
+class LocalEndpointer:
+    """Local endpointing: which frames belong to a turn, and when it starts and ends.
+
+    `push(frame)` returns (decision, frames to append): nothing while quiet (the last `prefix_ms`
+    are kept back), the kept-back prefix plus the frame at the start, every frame during speech
+    including the closing silence. So a committed buffer holds one turn of speech and nothing else.
+    """
+
+    def __init__(self, config: VadConfig = VadConfig(), frame_ms: int = 20) -> None:
+        self.vad = EnergyVad(config, frame_ms)
+        self._prefix: deque[bytes] = deque(maxlen=max(1, config.prefix_ms // frame_ms))
+
+    def push(self, frame: bytes) -> tuple[str | None, list[bytes]]:
+        decision = self.vad.push(frame)
+        if decision == "start":
+            frames = [*self._prefix, frame]
+            self._prefix.clear()
+            return decision, frames
+        if self.vad.speaking or decision == "end":
+            return decision, [frame]
+        self._prefix.append(frame)
+        return decision, []
