@@ -22,6 +22,7 @@ from tests.support.fake_realtime import (
 from tests.support.virtual_transport import VirtualTransport
 from voice.call import CallOptions
 from voice.engine import CallEngine, CallFailed
+from voice.events import SpeechStopped
 from voice.identity import Identity
 from voice.providers import OpenAIRealtime
 from voice.tools import Tool, ToolCatalogue
@@ -48,14 +49,14 @@ class Call:
 
 @asynccontextmanager
 async def live_call(fake: FakeRealtime, *, tools: tuple[Tool, ...] = (), endpointing: str = "server",
-                    autoplay: bool = True, backoff=(0.0, 0.0, 0.0)):
+                    autoplay: bool = True, backoff=(0.0, 0.0, 0.0), answer_grace_s: float = 1.5):
     transport = VirtualTransport(autoplay=autoplay)
     catalogue = ToolCatalogue()
     for tool in tools:
         catalogue.add(tool)
     provider = OpenAIRealtime(KEY, "gpt-realtime-2.1-mini", "marin", url=fake.url)
     identity = Identity("You are a test assistant.", sections={"persona": 12})
-    engine = CallEngine(provider, transport, catalogue, identity, options=CallOptions(endpointing=endpointing),
+    engine = CallEngine(provider, transport, catalogue, identity, options=CallOptions(endpointing=endpointing, answer_grace_s=answer_grace_s),
                         sleep=no_wait, backoff=backoff)
     call = Call(fake, transport, engine)
     engine._on_transcript = lambda role, text: call.transcripts.append((role, text))
@@ -281,7 +282,7 @@ async def test_announcement_waits_for_the_floor_and_is_spoken_with_tools_off():
     async with FakeRealtime([AudioReply("Answer."), AudioReply("That audit finished.")]) as fake:
         async with live_call(fake) as call:
             call.transport.push(tone_pcm16(400, 300.0))  # user starts talking...
-            await fake.wait_for(lambda: any(e.get("type") == "input_audio_buffer.speech_started" for e in fake.sent))
+            await fake.wait_for(lambda: call.engine.core.user_speaking)
             spoken = asyncio.create_task(call.engine.announce("the audit finished: three gaps"))
             await asyncio.sleep(0)
             assert not call.received("response.create")  # ...so the announcement waits
@@ -333,3 +334,16 @@ async def test_gives_up_after_the_backoff_and_says_so():
         with pytest.raises(CallFailed, match="could not reconnect after 2 attempts"):
             await asyncio.wait_for(task, 5)
         assert len(attempts) == 3
+
+
+async def test_announcement_held_for_the_servers_answer_is_spoken_when_none_comes():
+    """Server VAD ended a turn but the server never answered: the hold expires on a timer."""
+    async with FakeRealtime([AudioReply("Held message.")]) as fake:
+        async with live_call(fake, answer_grace_s=0.05) as call:
+            await fake.wait_received("session.update")
+            call.engine._execute(call.engine.core.on_provider(SpeechStopped(), call.engine._clock()))
+            spoken = asyncio.create_task(call.engine.announce("build is green"))
+            await asyncio.sleep(0)
+            assert call.engine.core.wake_at() is not None  # no frames arrive; only the timer can wake it
+            assert await asyncio.wait_for(spoken, 5) is True
+        fake.assert_clean()

@@ -76,3 +76,25 @@ async def test_file_mode_holds_a_conversation_with_a_tool_call_and_a_barge_in(tm
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert len(records) >= 2 and all("latency_ms" in r for r in records)
     assert "wrote" in stderr and "ms of assistant audio" in stderr
+
+
+async def test_ctrl_c_ends_the_call_cleanly_and_keeps_what_was_said(tmp_path):
+    import signal
+
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_conversation_wav(wav_in)
+    slow = AudioReply("A long story.", audio_ms=3000, chunk_ms=100, delay_ms_per_chunk=20)
+    async with FakeRealtime([slow]) as fake:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+               "OPENAI_API_KEY": KEY, "SWITCHBOARD_REALTIME_URL": fake.url}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "--env-file", "/nonexistent", "talk",
+            "--input-wav", str(wav_in), "--output-wav", str(wav_out), cwd=ROOT, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        await fake.wait_for(lambda: any(e["type"] == "response.output_audio.delta" for e in fake.sent), timeout=10)
+        proc.send_signal(signal.SIGINT)
+        out, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 0, err.decode()
+    assert "Traceback" not in err.decode()
+    with wave.open(str(wav_out)) as wav:  # a valid, finalised file
+        assert wav.getframerate() == 24_000

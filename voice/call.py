@@ -37,7 +37,6 @@ log = logging.getLogger(__name__)
 RESTORE_ITEMS = 20
 SPOKEN_ERROR_GAP_S = 30.0
 USER_FACING_ERRORS = frozenset({"server_error", "rate_limit_exceeded", "insufficient_quota", "session_expired"})
-SERVER_ANSWER_GRACE_S = 1.5  # after server VAD ends a turn, its own response comes first
 RECONNECTED_NOTICE = "The connection to the voice service dropped for a moment and is back."
 
 
@@ -76,6 +75,7 @@ class CallOptions:
     endpointing: str = "server"  # server | local
     vad: VadConfig = field(default_factory=VadConfig)
     semantic_vad: bool = False
+    answer_grace_s: float = 1.5  # after server VAD ends a turn, its own response comes first
 
 
 class CallCore:
@@ -253,7 +253,7 @@ class CallCore:
     def _on_speech_stopped(self, event: ev.SpeechStopped, now: float) -> list[Action]:
         self.user_speaking = False
         self._new_turn(now)
-        self.floor.hold_announcements_until = now + SERVER_ANSWER_GRACE_S
+        self.floor.hold_announcements_until = now + self.options.answer_grace_s
         return self._pump()
 
     def _on_committed(self, event: ev.InputCommitted, now: float) -> list[Action]:
@@ -433,6 +433,16 @@ class CallCore:
 
     def on_playback_idle(self) -> list[Action]:
         return self._pump()
+
+    def tick(self, now: float) -> list[Action]:
+        """Time passed (the shell calls this at `wake_at()`): a hold may have expired."""
+        self._now = now
+        return self._pump()
+
+    def wake_at(self) -> float | None:
+        """When the core next needs `tick`, or None: an announcement held for the server's answer."""
+        hold = self.floor.hold_announcements_until
+        return hold if self.floor.announcements and hold > self._now else None
 
     def on_playback_started(self, item_id: str, now: float) -> list[Action]:
         for response in reversed(list(self._responses.values())):

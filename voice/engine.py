@@ -100,6 +100,8 @@ class CallEngine:
         self._stopping = False
         self._input_ended = asyncio.Event()
         self._failure: CallFailed | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
         self._done = asyncio.Event()
         self.sent_events = 0
         self.dropped_sends = 0
@@ -124,6 +126,8 @@ class CallEngine:
             await self._done.wait()
         finally:
             self._stopping = True
+            if self._timer is not None:
+                self._timer.cancel()
             for task in workers + list(self._tasks):
                 task.cancel()
             await asyncio.gather(*workers, *self._tasks, return_exceptions=True)
@@ -262,6 +266,26 @@ class CallEngine:
     # -- actions ----------------------------------------------------------------------------------
 
     def _execute(self, actions: list[Action]) -> None:
+        self._carry_out(actions)
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        """Wake the core when it asked to be woken (e.g. an announcement hold expiring)."""
+        wake_at = self.core.wake_at()
+        if wake_at is None or wake_at == self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = wake_at
+        delay = max(0.0, wake_at - self._clock())
+        self._timer = asyncio.get_running_loop().call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, None
+        if not self._stopping:
+            self._execute(self.core.tick(self._clock()))
+
+    def _carry_out(self, actions: list[Action]) -> None:
         for action in actions:
             if isinstance(action, Send):
                 self._outbox.put_nowait(action.event)
