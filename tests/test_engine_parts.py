@@ -105,3 +105,15 @@ def test_openai_refuses_unknown_voice_retiring_model_and_missing_key():
         make_provider("openai", api_key="", model="gpt-realtime-2.1-mini", voice="marin")
     provider = make_provider("openai", api_key="secret-k", model="gpt-realtime-2.1-mini", voice="cedar")
     assert "secret-k" not in repr(provider) and provider.headers() == {"Authorization": "Bearer secret-k"}
+
+
+def test_xai_client_events_besides_the_session_follow_ga_names_and_shapes():
+    from tests.support.realtime_schema import validate_client_event
+    from voice.providers import ResponseRequest
+
+    provider = XAIRealtime("k", "grok-voice-latest", "Eve")
+    for event in (provider.append_audio(b"\0\0"), provider.commit_audio(), provider.cancel_response(),
+                  provider.create_response(ResponseRequest({"turn": "1"}, "say hi", tools_off=True)),
+                  provider.truncate("item_1", 120), provider.function_output("c1", "{}"),
+                  provider.add_function_call("c1", "t", "{}"), provider.add_text_item("user", "hi")):
+        validate_client_event(event)

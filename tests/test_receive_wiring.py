@@ -10,7 +10,7 @@ import threading
 
 import discord
 import pytest
-from discord.voice_state import SocketReader
+from discord.voice_state import SocketReader, VoiceConnectionState
 
 from tests.support.dave_group import DaveGroup
 from tests.support.packets import DiscordSender, FakeConnection, dominant_frequency, opus_frames
@@ -117,5 +117,31 @@ async def test_voice_client_subclass_wires_hook_listener_and_hands_audio_to_the_
         worker.join()
         await asyncio.sleep(0)  # let the loop run the callback scheduled from the other thread
         assert received == [(ALICE, 5, 3840)]
+    finally:
+        vc._connection._socket_reader.stop()
+
+
+async def test_voice_client_always_connects_undeafened(monkeypatch):
+    """A deafened bot receives nothing, so even an explicit self_deaf=True joins undeafened."""
+    client = discord.Client(intents=discord.Intents.none())
+    client._connection.loop = asyncio.get_running_loop()
+
+    class _Guild:
+        id = 1
+
+    class _Channel:
+        id = CHANNEL
+        guild = _Guild()
+
+    seen: dict = {}
+
+    async def gateway_connect(self, **kwargs):  # the Discord gateway itself cannot exist here
+        seen.update(kwargs)
+
+    monkeypatch.setattr(VoiceConnectionState, "connect", gateway_connect)
+    vc = ListeningVoiceClient(client, _Channel())  # type: ignore[arg-type]
+    try:
+        await vc.connect(reconnect=True, timeout=5, self_deaf=True)
+        assert seen["self_deaf"] is False
     finally:
         vc._connection._socket_reader.stop()
