@@ -75,6 +75,8 @@ async def test_file_mode_holds_a_conversation_with_a_tool_call_and_a_barge_in(tm
     assert 500 < heard_ms < 4000  # the long answer was cut off; the short one played in full
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert len(records) >= 2 and all("latency_ms" in r for r in records)
+    answered = [r for r in records if r["status"] == "completed"]
+    assert answered and all("first_audio_played" in r["latency_ms"] for r in answered)
     assert "wrote" in stderr and "ms of assistant audio" in stderr
 
 

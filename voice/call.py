@@ -102,6 +102,7 @@ class CallCore:
         self._history: deque[tuple[str, str]] = deque(maxlen=RESTORE_ITEMS)
         self._turn: TurnRecord | None = None
         self._turn_ids = itertools.count(1)
+        self._unheard_turns: list[TurnRecord] = []
         self._endpointer = LocalEndpointer(self.options.vad)
         self._turn_context: TurnContext | None = None
         self.counters: dict[str, int] = {"barge_ins": 0, "cancels_sent": 0, "stale_audio_dropped": 0,
@@ -164,6 +165,7 @@ class CallCore:
         actions: list[Action] = [AnnouncementResult(a.announcement_id, False) for a in pending if a.announcement_id]
         if self._turn is not None:
             self._close_turn("ended")
+        self._record_unheard()
         return actions
 
     # -- user audio --------------------------------------------------------------------------------
@@ -450,6 +452,9 @@ class CallCore:
                 turn = response.turn
                 if turn is not None and turn.first_audio_played is None:
                     turn.first_audio_played = now
+                    if turn in self._unheard_turns:
+                        self._unheard_turns.remove(turn)
+                        self.telemetry.record(turn)
                 break
         return []
 
@@ -471,6 +476,7 @@ class CallCore:
     def _new_turn(self, now: float) -> TurnRecord:
         if self._turn is not None:
             self._close_turn(self._turn.status or "superseded")
+        self._record_unheard()
         self._turn = TurnRecord(next(self._turn_ids), speech_end=now)
         return self._turn
 
@@ -479,8 +485,15 @@ class CallCore:
         if turn is None:
             return
         turn.status = turn.status or status
-        self.telemetry.record(turn)
         self._turn = None
+        if turn.first_audio_delta is not None and turn.first_audio_played is None and status != "ended":
+            self._unheard_turns.append(turn)  # recorded once its first frame plays (or the next turn)
+        else:
+            self.telemetry.record(turn)
+
+    def _record_unheard(self) -> None:
+        while self._unheard_turns:
+            self.telemetry.record(self._unheard_turns.pop(0))
 
     def _trim_responses(self) -> None:
         while len(self._responses) > 64:
