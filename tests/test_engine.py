@@ -79,7 +79,8 @@ def slow_tool(name: str, started: asyncio.Event, release: asyncio.Event, **kw) -
 # -- scenarios -------------------------------------------------------------------------------------
 
 
-async def test_plain_exchange_with_server_vad():
+async def test_plain_exchange_with_server_vad(caplog):
+    caplog.set_level(logging.DEBUG)  # even the websocket handshake dump must not show the key
     async with FakeRealtime([AudioReply("Hello there.", audio_ms=600)], user_transcripts=["hi"]) as fake:
         async with live_call(fake) as call:
             update = await fake.wait_received("session.update")
@@ -93,6 +94,9 @@ async def test_plain_exchange_with_server_vad():
         assert call.transport.received[item] == 600 * 48  # every byte of the answer reached the speaker
         assert ("user", "hi") in call.transcripts
         assert fake.headers[0]["Authorization"] == f"Bearer {KEY}" and "OpenAI-Beta" not in fake.headers[0]
+        ours = "\n".join(r.getMessage() for r in caplog.records if not r.name.startswith("websockets.server"))
+        assert "> GET /v1/realtime" in ours and "Authorization: ***" in ours  # (the fake's own log aside)
+        assert KEY not in ours
         fake.assert_clean()
 
 

@@ -36,6 +36,7 @@ from voice.call import (
 )
 from voice.identity import Identity
 from voice.providers.base import RealtimeProvider, SessionConfig
+from voice.redact import redacted_logger
 from voice.telemetry import Telemetry
 from voice.tools import ToolCatalogue
 from voice.transports.base import CallTransport
@@ -53,7 +54,9 @@ Connector = Callable[[str, dict[str, str]], Awaitable[Any]]
 
 
 async def _default_connect(url: str, headers: dict[str, str]) -> ClientConnection:
-    return await connect(url, additional_headers=headers, max_size=16 * 1024 * 1024, open_timeout=15)
+    # websockets logs the upgrade request's headers at debug level: route them through a redactor
+    return await connect(url, additional_headers=headers, max_size=16 * 1024 * 1024, open_timeout=15,
+                         logger=redacted_logger("voice.realtime.websocket"))
 
 
 class CallEngine:
