@@ -93,17 +93,24 @@ def test_libdave_encrypted_frames_decode_through_the_receiver():
     assert abs(freq - 440.0) < 5
 
 
-async def test_voice_client_subclass_wires_hook_listener_and_hands_audio_to_the_loop():
+class _Guild:
+    id = 1
+
+
+class _Channel:
+    id = CHANNEL
+    guild = _Guild()
+
+
+def _offline_client() -> discord.Client:
+    """A discord.py client that never logs in: enough for constructing a VoiceClient."""
     client = discord.Client(intents=discord.Intents.none())
     client._connection.loop = asyncio.get_running_loop()
+    return client
 
-    class _Guild:
-        id = 1
 
-    class _Channel:
-        id = CHANNEL
-        guild = _Guild()
-
+async def test_voice_client_subclass_wires_hook_listener_and_hands_audio_to_the_loop():
+    client = _offline_client()
     vc = ListeningVoiceClient(client, _Channel())  # type: ignore[arg-type]
     try:
         assert vc._connection.hook is not None
@@ -123,16 +130,7 @@ async def test_voice_client_subclass_wires_hook_listener_and_hands_audio_to_the_
 
 async def test_voice_client_always_connects_undeafened(monkeypatch):
     """A deafened bot receives nothing, so even an explicit self_deaf=True joins undeafened."""
-    client = discord.Client(intents=discord.Intents.none())
-    client._connection.loop = asyncio.get_running_loop()
-
-    class _Guild:
-        id = 1
-
-    class _Channel:
-        id = CHANNEL
-        guild = _Guild()
-
+    client = _offline_client()
     seen: dict = {}
 
     async def gateway_connect(self, **kwargs):  # the Discord gateway itself cannot exist here

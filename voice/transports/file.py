@@ -11,7 +11,6 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from types import TracebackType
 
 from voice.audio import WavWriter, read_wav, to_mono_24k
 
@@ -140,15 +139,6 @@ class FileTransport(SpeakerPlayback):
                     await task
         finally:
             self._ensure_writer().close()
-
-    async def __aenter__(self) -> FileTransport:
-        self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     def _ensure_writer(self) -> WavWriter:
         if self._writer is None:

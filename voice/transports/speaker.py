@@ -12,6 +12,7 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from functools import partial
+from typing import Self
 
 from .base import FRAME_BYTES, RATE, PlaybackListener
 
@@ -165,3 +166,16 @@ class SpeakerPlayback:
 
     def turn_context(self) -> None:
         return None  # one local speaker: no per-turn speaker context
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> Self:
+        self.start()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from types import ModuleType, TracebackType
+from types import ModuleType
 from typing import Any
 
 from voice.audio import FrameChunker, Resampler, rms_dbfs
@@ -219,15 +219,6 @@ class TerminalTransport(SpeakerPlayback):
         """Stop the streams and end `frames()`; idempotent."""
         self._close_streams()
         self.close_input()
-
-    async def __aenter__(self) -> TerminalTransport:
-        self.start()
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
     def close_input(self) -> None:
         """End `frames()` after the frames already queued."""
