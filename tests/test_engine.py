@@ -157,7 +157,8 @@ async def test_slow_tool_never_stalls_audio():
             appended = len(call.received("input_audio_buffer.append"))
             call.say()  # the user keeps talking while the tool runs
             await fake.wait_for(lambda: ("assistant", "Still here.") in call.transcripts, timeout=3)
-            assert len(call.received("input_audio_buffer.append")) >= appended + 55
+            await fake.wait_for(lambda: len(call.received("input_audio_buffer.append")) >= appended + 55)
+            assert [t.get_name() for t in call.engine._tasks] == ["tool-audit"]  # still running meanwhile
             release.set()
             await fake.wait_for(lambda: ("assistant", "Audit done.") in call.transcripts, timeout=3)
         fake.assert_clean()
