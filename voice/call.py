@@ -29,7 +29,7 @@ from voice.call_actions import (
 from voice.floor import REQUEST_KEY, Announcement, Floor
 from voice.providers.base import RealtimeProvider, ResponseRequest, SessionConfig
 from voice.telemetry import Telemetry, TurnRecord
-from voice.transports.base import FRAME_BYTES, TurnContext
+from voice.transports.base import TurnContext
 from voice.vad import LocalEndpointer, VadConfig
 
 log = logging.getLogger(__name__)
@@ -346,7 +346,7 @@ class CallCore:
             turn.response_done = now
             turn.status = event.status
         if response.announcement is not None:
-            actions += self._settle_announcement(response, event.status)
+            actions += self._settle(response.announcement, event.status == "completed")
         if event.status == "completed":
             for call_id in response.answers:
                 self._calls[call_id].answered = True
@@ -359,16 +359,10 @@ class CallCore:
             self._close_turn(event.status)
         return actions + self._pump()
 
-    def _settle_announcement(self, response: _Response, status: str) -> list[Action]:
-        return self._settle(response.announcement, status == "completed")
-
     def _settle(self, announcement: Announcement | None, spoken: bool) -> list[Action]:
         if announcement is None or (not spoken and self.floor.retry_announcement(announcement)):
             return []
         return [AnnouncementResult(announcement.announcement_id, spoken)] if announcement.announcement_id else []
-
-    def _on_truncated(self, event: ev.ItemTruncated, now: float) -> list[Action]:
-        return []
 
     def _on_error(self, event: ev.ProviderError, now: float) -> list[Action]:
         if event.harmless:
@@ -533,11 +527,10 @@ _HANDLERS = {
     ev.AssistantTranscript: CallCore._on_assistant_transcript,
     ev.FunctionCall: CallCore._on_function_call,
     ev.ResponseDone: CallCore._on_response_done,
-    ev.ItemTruncated: CallCore._on_truncated,
     ev.ProviderError: CallCore._on_error,
 }
 
 __all__ = [
-    "Action", "AnnouncementResult", "CallCore", "CallOptions", "FRAME_BYTES", "FinishItem", "Notice",
+    "Action", "AnnouncementResult", "CallCore", "CallOptions", "FinishItem", "Notice",
     "PlayAudio", "PlaybackView", "RunTool", "Send", "ShowTranscript", "StopPlayback",
 ]
