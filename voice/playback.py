@@ -13,8 +13,8 @@ from collections import OrderedDict, deque
 
 import discord
 import numpy as np
-import soxr
 
+from .audio import Resampler
 from .opus import FRAME_BYTES
 
 MODEL_RATE = 24_000
@@ -25,24 +25,19 @@ _KEEP_ITEMS = 64
 
 
 class StereoUpsampler:
-    """24 kHz mono s16le -> 48 kHz stereo s16le with soxr (streaming, anti-aliased)."""
+    """24 kHz mono s16le -> 48 kHz stereo s16le: `voice.audio.Resampler`, then both channels."""
 
     def __init__(self, in_rate: int = MODEL_RATE, quality: str = "HQ") -> None:
-        self._in_rate = in_rate
-        self._quality = quality
-        self._stream = soxr.ResampleStream(in_rate, DISCORD_RATE, 1, dtype="int16", quality=quality)
+        self._resampler = Resampler(in_rate, DISCORD_RATE, 1, quality)
 
     def convert(self, pcm: bytes, last: bool = False) -> bytes:
-        mono = np.frombuffer(pcm, dtype="<i2")
-        out = self._stream.resample_chunk(mono, last=last)
-        if last:
-            self._stream.clear()
-        if not len(out):
+        mono = self._resampler.convert(pcm, last=last)
+        if not mono:
             return b""
-        return np.repeat(out.astype("<i2", copy=False), 2).tobytes()
+        return np.repeat(np.frombuffer(mono, dtype="<i2"), 2).tobytes()
 
     def reset(self) -> None:
-        self._stream.clear()
+        self._resampler.reset()
 
 
 class PlaybackSource(discord.AudioSource):
