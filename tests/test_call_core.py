@@ -9,32 +9,68 @@ from voice.call import (
     CallCore,
     CallOptions,
     PlayAudio,
+    PlaybackPosition,
     RunTool,
     Send,
     StopPlayback,
 )
 from voice.providers import OpenAIRealtime, SessionConfig, ToolSpec
+from voice.transports.base import TurnContext
 
 
 class Speaker:
+    """What the shell would report: playing or not, and how much of which item went out."""
+
     def __init__(self) -> None:
         self.playing = False
         self.played: dict[str, int] = {}
 
-    def played_ms(self, item_id: str) -> int:
-        return self.played.get(item_id, 0)
-
-    def is_playing(self) -> bool:
-        return self.playing
+    def position(self) -> PlaybackPosition:
+        item = next(reversed(self.played), None)
+        return PlaybackPosition(self.playing, item, self.played.get(item, 0) if item else 0)
 
 
-def make_core(endpointing: str = "server") -> tuple[CallCore, Speaker]:
+class Driven:
+    """The core as the shell drives it: every entry point gets `now` and the speaker's position."""
+
+    def __init__(self, core: CallCore, speaker: Speaker) -> None:
+        self.core, self.speaker = core, speaker
+
+    def __getattr__(self, name):
+        return getattr(self.core, name)
+
+    def on_provider(self, event, now: float = 0.0):
+        return self.core.on_provider(event, now, self.speaker.position())
+
+    def on_user_audio(self, frame: bytes, now: float = 0.0, context: TurnContext | None = None):
+        return self.core.on_user_audio(frame, now, self.speaker.position(), context)
+
+    def on_tool_result(self, call_id: str, output: str, now: float = 0.0):
+        return self.core.on_tool_result(call_id, output, now, self.speaker.position())
+
+    def announce(self, announcement_id: int, text: str, now: float = 0.0):
+        return self.core.announce(announcement_id, text, now, self.speaker.position())
+
+    def on_reconnected(self, now: float = 0.0):
+        return self.core.on_reconnected(now, self.speaker.position())
+
+    def on_disconnect(self, now: float = 0.0):
+        return self.core.on_disconnect(now)
+
+    def end(self, now: float = 0.0):
+        return self.core.end(now)
+
+    def tick(self, now: float):
+        return self.core.tick(now, self.speaker.position())
+
+
+def make_core(endpointing: str = "server") -> tuple[Driven, Speaker]:
     speaker = Speaker()
     provider = OpenAIRealtime("k", "gpt-realtime-2.1-mini", "marin")
     session = SessionConfig("be brief", "marin", (ToolSpec("t", "d", {"type": "object", "properties": {}}),))
-    core = CallCore(provider, session, speaker, CallOptions(endpointing=endpointing))
-    sent(core.start())
-    return core, speaker
+    core = CallCore(provider, session, CallOptions(endpointing=endpointing))
+    sent(core.start(0.0))
+    return Driven(core, speaker), speaker
 
 
 def sent(actions) -> list[dict]:
@@ -48,7 +84,7 @@ def types(actions) -> list[str]:
     return [e["type"] for e in sent(actions)]
 
 
-def created(core: CallCore, rid: str, actions_before) -> list:
+def created(core: Driven, rid: str, actions_before) -> list:
     """Echo the metadata of the last response.create in `actions_before` as the server would."""
     creates = [e for e in sent(actions_before) if e["type"] == "response.create"]
     metadata = creates[-1].get("response", {}).get("metadata", {}) if creates else {}
@@ -193,5 +229,5 @@ def test_announcement_hold_after_server_vad_expires_if_the_server_never_answers(
     core.on_provider(ev.SpeechStarted(), 0.0)
     core.on_provider(ev.SpeechStopped(), 0.5)
     assert core.announce(1, "hello") == []  # the server's own answer goes first
-    assert types(core.on_user_audio(bytes(960), 1.0)) == ["input_audio_buffer.append"]
-    assert types(core.on_user_audio(bytes(960), 2.1)) == ["input_audio_buffer.append", "response.create"]
+    assert types(core.on_user_audio(bytes(960), 2.1)) == ["input_audio_buffer.append"]
+    assert types(core.on_user_audio(bytes(960), 5.6)) == ["input_audio_buffer.append", "response.create"]

@@ -63,19 +63,6 @@ async def test_catalogue_answers_every_failure_with_a_speakable_error():
         catalogue.add(Tool("echo", "d", {}, lambda c: 1))
 
 
-async def test_mutating_tools_ask_the_authoriser_and_metadata_is_passed_through():
-    class OnlyAlice:
-        def check(self, tool, call):
-            return None if call.metadata.get("speaker_ids") == "1" else "only Alice may do that"
-
-    ran = []
-    catalogue = ToolCatalogue(OnlyAlice())
-    catalogue.add(Tool("deploy", "d", {}, lambda call: ran.append(call.metadata) or "ok", mutating=True))
-    denied = await catalogue.run("c1", "deploy", "{}", {"speaker_ids": "2"})
-    allowed = await catalogue.run("c2", "deploy", "{}", {"speaker_ids": "1"})
-    assert "only Alice" in denied.output and allowed.output == "ok" and ran == [{"speaker_ids": "1"}]
-
-
 def test_vad_needs_voiced_audio_to_start_and_the_silence_window_to_end():
     vad = EnergyVad(VadConfig(start_ms=60, silence_ms=100))
     loud = (np.sin(np.arange(480) / 2) * 6000).astype("<i2").tobytes()

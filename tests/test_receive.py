@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 
 import davey
 import pytest
@@ -139,16 +140,20 @@ def test_garbage_and_truncated_datagrams_are_counted_never_raised(plain_call, to
     conn, rx, heard, key = plain_call
     rx.on_ws_message(speaking(ALICE, ALICE_SSRC))
     good = ClientPacketBuilder(ALICE_SSRC, key).packet(tone[0], ext_words=2)
-    rng = os.urandom
-    junk = [b"", b"\x80", bytes(11), b"\x40" + bytes(30), rng(200), good[:13], good[:20], good[:-1],
+    rng = random.Random(20261201)
+    noise = bytes(rng.getrandbits(8) for _ in range(200))
+    noise = bytes([0x80, 0x78]) + noise[2:]  # RTP v2, Opus: garbage that reaches the cipher
+    junk = [b"", b"\x80", bytes(11), b"\x40" + bytes(30), noise, good[:13], good[:20], good[:-1],
             good[:12] + b"\xbe\xde\xff\xff", bytes([0x9F]) + good[1:]]
     flipped = bytearray(good)
     flipped[30] ^= 1
     junk.append(bytes(flipped))
-    for datagram in junk:
+    rtcp = bytes([0x81, 200]) + bytes(26)  # a sender report: skipped on purpose, counted as RTCP
+    for datagram in [*junk, rtcp]:
         rx.on_packet(datagram)
     assert heard.frames == [] and rx.stats["error"] == 0
     assert rx.stats["malformed"] + rx.stats["transport_fail"] + rx.stats["not_opus"] == len(junk)
+    assert rx.stats["rtcp"] == 1
 
 
 def test_corrupt_padding_and_extension_lengths_are_dropped(plain_call, tone):

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from voice.attribution import LOCAL_SPEAKER
 from voice.audio import read_wav, rms_dbfs
 from voice.transports.base import FRAME_BYTES, CallTransport
 from voice.transports.file import FileTransport
@@ -195,7 +196,7 @@ def test_both_transports_implement_every_call_transport_method(tmp_path):
                 assert inspect.signature(getattr(transport, name)).parameters.keys() == (
                     inspect.signature(member).parameters.keys() - {"self"}
                 ), name
-        assert transport.turn_context() is None
+        assert transport.turn_context().speakers == frozenset({LOCAL_SPEAKER})  # one local person
 
 
 async def test_file_input_is_24k_mono_frames_then_silence_until_close_input(tmp_path):

@@ -1,34 +1,42 @@
 """The call state machine: floor, turns, barge-in, tool calls, announcements, reconnect.
 
 Sans-I/O. Inputs are method calls (provider events, user audio frames, tool results, playback
-notices) with the current time; outputs are `Action`s the async shell carries out. It reads one
-thing from outside: a `PlaybackView` that says what the speaker is doing right now, because
-barge-in must truncate at what was actually heard.
+notices), each with the current time and a `PlaybackPosition` snapshot of the speaker; outputs are
+`Action`s the async shell carries out — including the turn records it writes. No clock, no files,
+no shared objects: a test drives it with a list of inputs and reads a list of actions.
+
+Attribution lives here: every committed turn records the exact speakers of the frames committed,
+every response the core creates keeps its originating turn (tool follow-ups inherit it), and every
+`RunTool` carries that origin. A response the core cannot trace to a turn has unknown attribution.
 """
 
 from __future__ import annotations
 
+import enum
 import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
 
 from voice import events as ev
+from voice.attribution import UNKNOWN, Attribution, speaker_context_text
 from voice.call_actions import (
+    SILENT,
     Action,
     AnnouncementResult,
     FinishItem,
     Notice,
     PlayAudio,
-    PlaybackView,
+    PlaybackPosition,
+    RecordTurn,
     RunTool,
     Send,
     ShowTranscript,
     StopPlayback,
 )
-from voice.floor import REQUEST_KEY, Announcement, Floor
-from voice.providers.base import RealtimeProvider, ResponseRequest, SessionConfig
-from voice.telemetry import Telemetry, TurnRecord
+from voice.floor import Announcement, Floor
+from voice.providers.base import RealtimeProvider, SessionConfig
+from voice.telemetry import TurnRecord
 from voice.transports.base import TurnContext
 from voice.vad import LocalEndpointer, VadConfig
 
@@ -40,6 +48,20 @@ USER_FACING_ERRORS = frozenset({"server_error", "rate_limit_exceeded", "insuffic
 RECONNECTED_NOTICE = "The connection to the voice service dropped for a moment and is back."
 
 
+class CallState(enum.Enum):
+    """NEW until `start`; OPEN while the provider socket is up; RECONNECTING between a drop and the
+    new socket; ENDED after `end` (final: later inputs are no-ops, announcements are refused)."""
+
+    NEW = "new"
+    OPEN = "open"
+    RECONNECTING = "reconnecting"
+    ENDED = "ended"
+
+
+class InvalidState(RuntimeError):
+    """A lifecycle call made in a state that does not allow it (a bug in the shell)."""
+
+
 # -- bookkeeping ----------------------------------------------------------------------------------
 
 
@@ -47,7 +69,7 @@ RECONNECTED_NOTICE = "The connection to the voice service dropped for a moment a
 class _Response:
     response_id: str
     kind: str
-    metadata: dict[str, str]
+    origin: Attribution
     announcement: Announcement | None = None
     turn: TurnRecord | None = None
     cancelled: bool = False
@@ -64,7 +86,7 @@ class _Call:
     name: str
     arguments: str
     response_id: str
-    metadata: dict[str, str]
+    origin: Attribution
     output: str | None = None
     output_sent: bool = False
     answered: bool = False  # the follow-up response to this call completed
@@ -75,25 +97,23 @@ class CallOptions:
     endpointing: str = "server"  # server | local
     vad: VadConfig = field(default_factory=VadConfig)
     semantic_vad: bool = False
-    answer_grace_s: float = 1.5  # after server VAD ends a turn, its own response comes first
+    answer_wait_s: float = 5.0  # after server VAD ends a turn, its own answer comes first (at most this long)
 
 
 class CallCore:
     """One call's conversation state. Every public method returns the actions to carry out."""
 
-    def __init__(self, provider: RealtimeProvider, session: SessionConfig, playback: PlaybackView,
-                 options: CallOptions | None = None, telemetry: Telemetry | None = None) -> None:
+    def __init__(self, provider: RealtimeProvider, session: SessionConfig, options: CallOptions | None = None,
+                 *, logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:
         self.provider = provider
         self.options = options or CallOptions()
+        self.log = logger or log
         local = self.options.endpointing == "local"
         turn_detection = None if local else ("semantic_vad" if self.options.semantic_vad else "server_vad")
         self.session = SessionConfig(session.instructions, session.voice, session.tools, turn_detection,
                                      self.options.vad.silence_ms, session.transcribe_input)
-        self.playback = playback
-        self.telemetry = telemetry or Telemetry()
-        self.connected = False
+        self.state = CallState.NEW
         self.user_speaking = False
-        self.ended = False
         self.floor = Floor()
         self._responses: dict[str, _Response] = {}
         self._active: _Response | None = None
@@ -103,26 +123,59 @@ class CallCore:
         self._turn: TurnRecord | None = None
         self._turn_ids = itertools.count(1)
         self._unheard_turns: list[TurnRecord] = []
-        self._endpointer = LocalEndpointer(self.options.vad)
-        self._turn_context: TurnContext | None = None
+        self._records: list[TurnRecord] = []  # finished, not yet handed to the shell
+        self._endpointer: LocalEndpointer[TurnContext] = LocalEndpointer(self.options.vad)
+        self._heard: set[int] = set()  # speakers of the audio appended since the last commit
+        self._heard_names: dict[int, str] = {}
+        self._committed = UNKNOWN  # server endpointing: the turn the server's next answer belongs to
         self.counters: dict[str, int] = {"barge_ins": 0, "cancels_sent": 0, "stale_audio_dropped": 0,
                                          "tool_calls": 0, "announcements": 0, "reconnects": 0,
-                                         "provider_errors": 0}
+                                         "provider_errors": 0, "audio_dropped_offline": 0}
         self.last_error: str | None = None
         self._now = 0.0
+        self._playback = SILENT
         self._last_spoken_problem = -SPOKEN_ERROR_GAP_S
+
+    @property
+    def connected(self) -> bool:
+        return self.state is CallState.OPEN
+
+    @property
+    def ended(self) -> bool:
+        return self.state is CallState.ENDED
+
+    def _observe(self, now: float, playback: PlaybackPosition | None) -> None:
+        self._now = now
+        if playback is not None:
+            self._playback = playback
+
+    def _set_state(self, state: CallState) -> None:
+        self.log.debug("call state %s -> %s", self.state.value, state.value)
+        self.state = state
+
+    def _out(self, actions: list[Action]) -> list[Action]:
+        """Every entry point returns through here: finished turn records go out as actions."""
+        if self._records:
+            actions = actions + [RecordTurn(r) for r in self._records]
+            self._records = []
+        return actions
 
     # -- session ---------------------------------------------------------------------------------
 
-    def start(self) -> list[Action]:
+    def start(self, now: float) -> list[Action]:
         """The socket is open: configure the session."""
-        self.connected = True
+        if self.state is not CallState.NEW:
+            raise InvalidState(f"start() in state {self.state.value}")
+        self._observe(now, None)
+        self._set_state(CallState.OPEN)
         return [Send(self.provider.session_update(self.session))]
 
-    def on_disconnect(self) -> list[Action]:
+    def on_disconnect(self, now: float) -> list[Action]:
         """The socket dropped: whatever the server was doing is gone."""
-        self.connected = False
-        actions: list[Action] = []
+        if self.state is not CallState.OPEN:
+            return []  # already reconnecting, or ended
+        self._observe(now, None)
+        self._set_state(CallState.RECONNECTING)
         self.floor.lose_connection()
         if self._active is not None:
             self._active.cancelled = True
@@ -132,11 +185,17 @@ class CallCore:
             self._active = None
         for response in self._responses.values():
             response.followed_up = False
-        return actions
+        self._heard.clear()  # that audio buffer is gone with the socket
+        return []
 
-    def on_reconnected(self) -> list[Action]:
+    def on_reconnected(self, now: float, playback: PlaybackPosition) -> list[Action]:
         """A new socket is open: restore instructions, tools, recent conversation, tool calls."""
-        self.connected = True
+        if self.state is CallState.ENDED:
+            return []
+        if self.state is not CallState.RECONNECTING:
+            raise InvalidState(f"on_reconnected() in state {self.state.value}")
+        self._observe(now, playback)
+        self._set_state(CallState.OPEN)
         self.counters["reconnects"] += 1
         actions: list[Action] = [Send(self.provider.session_update(self.session))]
         for role, text in self._history:
@@ -154,11 +213,14 @@ class CallCore:
             self._maybe_follow_up(response)
         self.floor.announce(Announcement(0, RECONNECTED_NOTICE), first=True)
         actions.append(Notice("warning", "voice service connection restored"))
-        return actions + self._pump()
+        return self._out(actions + self._pump())
 
-    def end(self) -> list[Action]:
-        """The call is over: every undelivered announcement is reported as not delivered."""
-        self.ended = True
+    def end(self, now: float) -> list[Action]:
+        """The call is over: every undelivered announcement is reported as not delivered. Idempotent."""
+        if self.state is CallState.ENDED:
+            return []
+        self._observe(now, None)
+        self._set_state(CallState.ENDED)
         pending = self.floor.close()
         if self._active is not None and self._active.announcement is not None:
             pending.append(self._active.announcement)
@@ -166,58 +228,83 @@ class CallCore:
         if self._turn is not None:
             self._close_turn("ended")
         self._record_unheard()
-        return actions
+        return self._out(actions)
 
     # -- user audio --------------------------------------------------------------------------------
 
-    def on_user_audio(self, frame: bytes, now: float, context: TurnContext | None = None) -> list[Action]:
-        """One 20 ms frame of user audio (24 kHz mono)."""
-        if not self.connected:
+    def on_user_audio(self, frame: bytes, now: float, playback: PlaybackPosition,
+                      context: TurnContext | None = None) -> list[Action]:
+        """One 20 ms frame of user audio (24 kHz mono) and who is in it."""
+        if self.state is not CallState.OPEN:
+            if self.state is CallState.RECONNECTING:
+                self.counters["audio_dropped_offline"] += 1
             return []
-        self._now = now
+        self._observe(now, playback)
         if self.options.endpointing == "server":
+            self._hear(context)
             actions: list[Action] = [Send(self.provider.append_audio(frame))]
             if self.floor.announcements and self._active is None and not self.floor.inflight:
                 actions += self._pump()
-            return actions
-        decision, frames = self._endpointer.push(frame)
+            return self._out(actions)
+        decision, frames = self._endpointer.push(frame, context)
         actions = []
         if decision == "start":
-            self._turn_context = context
             actions += self._speech_started(now)
-        actions += [Send(self.provider.append_audio(f)) for f in frames]
+        for pcm, tag in frames:
+            self._hear(tag)
+            actions.append(Send(self.provider.append_audio(pcm)))
         if decision == "end":
-            actions += self._local_turn_end(now, context or self._turn_context)
-        return actions
+            actions += self._local_turn_end(now)
+        return self._out(actions)
 
-    def _local_turn_end(self, now: float, context: TurnContext | None) -> list[Action]:
+    def _hear(self, context: TurnContext | None) -> None:
+        if context is not None and context.speakers:
+            self._heard.update(context.speakers)
+            for user_id in context.speakers:
+                name = context.names.get(user_id)
+                if name:
+                    self._heard_names[user_id] = name
+
+    def _take_heard(self, turn: TurnRecord) -> tuple[Attribution, dict[int, str]]:
+        """The speakers of exactly the audio being committed (and their display names); then forget
+        them, so the next turn starts from nobody."""
+        speakers = frozenset(self._heard)
+        names = {k: v for k, v in self._heard_names.items() if k in speakers}
+        self._heard.clear()
+        self._heard_names.clear()
+        turn.speakers = sorted(speakers)
+        return Attribution(None, turn.turn, speakers or None), names
+
+    def _local_turn_end(self, now: float) -> list[Action]:
         self.user_speaking = False
         turn = self._new_turn(now)
+        origin, names = self._take_heard(turn)
         actions: list[Action] = []
-        metadata: dict[str, str] = {}
-        if context is not None:
-            metadata = dict(context.metadata)
-            turn.speakers = [v for k, v in metadata.items() if k.startswith("speaker")]
-            if context.context:
-                actions.append(Send(self.provider.add_text_item("system", context.context)))
+        context = speaker_context_text(origin.speakers or frozenset(), names)
+        if context:
+            actions.append(Send(self.provider.add_text_item("system", context)))
         actions.append(Send(self.provider.commit_audio()))
         turn.commit = now
-        self.floor.want("turn", ResponseRequest(metadata=metadata), turn=turn)
+        self.floor.want("turn", turn=turn, origin=origin)
         return actions + self._pump()
 
     def _speech_started(self, now: float) -> list[Action]:
         """Someone started talking: the floor is theirs. Barge in on the assistant if needed."""
         self.user_speaking = True
         actions: list[Action] = []
-        playing = self.playback.is_playing()
+        position = self._playback
         active = self._active
-        if playing or (active is not None and not active.cancelled and active.audio_items):
+        if position.playing or (active is not None and not active.cancelled and active.audio_items):
             self.counters["barge_ins"] += 1
-            item = self._current_audio_item()
-            if playing:
+            if position.playing:
                 actions.append(StopPlayback())
+            if position.playing and position.item_id in self._received_ms:
+                item: str | None = position.item_id  # what the people in the call are hearing now
+            else:
+                item = self._current_audio_item()
             if item is not None:
-                heard = min(self.playback.played_ms(item), int(self._received_ms.get(item, 0)))
+                played = position.played_ms if item == position.item_id else 0
+                heard = min(played, int(self._received_ms.get(item, 0)))
                 actions.append(Send(self.provider.truncate(item, heard)))
         if active is not None and not active.cancelled and not active.done:
             actions += self._cancel(active)
@@ -242,12 +329,14 @@ class CallCore:
 
     # -- provider events ----------------------------------------------------------------------------
 
-    def on_provider(self, event: ev.ProviderEvent, now: float) -> list[Action]:
-        self._now = now
+    def on_provider(self, event: ev.ProviderEvent, now: float, playback: PlaybackPosition) -> list[Action]:
+        if self.state is CallState.ENDED:
+            return []
+        self._observe(now, playback)
         handler = _HANDLERS.get(type(event))
         if handler is None:
             return []
-        return handler(self, event, now)
+        return self._out(handler(self, event, now))
 
     def _on_speech_started(self, event: ev.SpeechStarted, now: float) -> list[Action]:
         return self._speech_started(now)
@@ -255,12 +344,17 @@ class CallCore:
     def _on_speech_stopped(self, event: ev.SpeechStopped, now: float) -> list[Action]:
         self.user_speaking = False
         self._new_turn(now)
-        self.floor.hold_announcements_until = now + self.options.answer_grace_s
+        self.floor.await_answer(now + self.options.answer_wait_s)
         return self._pump()
 
     def _on_committed(self, event: ev.InputCommitted, now: float) -> list[Action]:
-        if self.options.endpointing == "server" and self._turn is not None and self._turn.commit is None:
-            self._turn.commit = now
+        if self.options.endpointing != "server":
+            return []
+        turn = self._turn
+        if turn is None or turn.commit is not None:
+            turn = self._new_turn(now)  # a commit without speech_stopped still starts a turn
+        turn.commit = now
+        self._committed, _ = self._take_heard(turn)
         return []
 
     def _on_user_transcript(self, event: ev.UserTranscript, now: float) -> list[Action]:
@@ -271,17 +365,21 @@ class CallCore:
         return [ShowTranscript("user", text)]
 
     def _on_response_created(self, event: ev.ResponseCreated, now: float) -> list[Action]:
-        request = self.floor.match_created(event.metadata, fifo=self.options.endpointing == "local")
-        kind = request.kind if request else "auto"
-        response = _Response(event.response_id, kind, dict(event.metadata),
-                             request.announcement if request else None,
-                             request.turn if request else self._turn,
+        local = self.options.endpointing == "local"
+        request = self.floor.match_created(event.metadata, fifo=local)
+        if request is not None:
+            kind, origin, turn = request.kind, request.origin, request.turn
+        elif local:  # nothing of ours: the provider answered on its own, so nobody is known
+            kind, origin, turn = "auto", UNKNOWN, None
+        else:  # server endpointing: the server answers the turn it committed last
+            kind, origin, turn = "auto", self._committed, self._turn
+        response = _Response(event.response_id, kind, origin.for_response(event.response_id),
+                             request.announcement if request else None, turn,
                              answers=request.answers if request else ())
         self._responses[event.response_id] = response
-        self.floor.hold_announcements_until = 0.0
+        self.floor.answer_arrived()
         self._trim_responses()
         self._active = response
-        turn = response.turn
         if turn is not None and turn.response_created is None:
             turn.response_created = now
         if request is not None and request.cancel_on_create:
@@ -304,7 +402,11 @@ class CallCore:
         return [PlayAudio(event.item_id, event.pcm)]
 
     def _adopt(self, response_id: str) -> _Response:
-        response = _Response(response_id, "auto", {}, turn=self._turn)
+        """A response we never saw created: attributed like an unmatched `response.created`."""
+        local = self.options.endpointing == "local"
+        origin = UNKNOWN if local else self._committed
+        response = _Response(response_id, "auto", origin.for_response(response_id),
+                             turn=None if local else self._turn)
         self._responses[response_id] = response
         self._active = response
         return response
@@ -328,12 +430,11 @@ class CallCore:
         if event.call_id in self._calls:
             return []  # a repeated event must not run the tool twice
         response = self._responses.get(event.response_id) or self._adopt(event.response_id)
-        metadata = {k: v for k, v in response.metadata.items() if k != REQUEST_KEY}
-        call = _Call(event.call_id, event.name, event.arguments, event.response_id, metadata)
+        call = _Call(event.call_id, event.name, event.arguments, event.response_id, response.origin)
         self._calls[event.call_id] = call
         response.calls.append(event.call_id)
         self.counters["tool_calls"] += 1
-        return [RunTool(event.call_id, event.name, event.arguments, metadata)]
+        return [RunTool(event.call_id, event.name, event.arguments, response.origin)]
 
     def _on_response_done(self, event: ev.ResponseDone, now: float) -> list[Action]:
         response = self._responses.get(event.response_id) or self._adopt(event.response_id)
@@ -389,11 +490,13 @@ class CallCore:
 
     # -- tools ------------------------------------------------------------------------------------------
 
-    def on_tool_result(self, call_id: str, output: str, elapsed_ms: float = 0.0) -> list[Action]:
+    def on_tool_result(self, call_id: str, output: str, now: float, playback: PlaybackPosition,
+                       elapsed_ms: float = 0.0) -> list[Action]:
         """A tool finished (or failed, or timed out). Answered exactly once."""
         call = self._calls.get(call_id)
-        if call is None or call.output is not None:
+        if call is None or call.output is not None or self.state is CallState.ENDED:
             return []
+        self._observe(now, playback)
         call.output = output
         response = self._responses.get(call.response_id)
         if response is not None and response.turn is not None:
@@ -404,43 +507,54 @@ class CallCore:
         actions: list[Action] = [Send(self.provider.function_output(call_id, output))]
         if response is not None:
             actions += self._maybe_follow_up(response)
-        return actions + self._pump()
+        return self._out(actions + self._pump())
 
     def _maybe_follow_up(self, response: _Response) -> list[Action]:
-        """One response.create once every call of a finished response has its output."""
+        """One response.create once every call of a finished response has its output.
+
+        The follow-up inherits the origin of the response whose calls it answers, so a tool the model
+        calls in a chained response is still attributed to the turn that started the chain.
+        """
         if not response.calls or not response.done:
             return []
         calls = [self._calls[c] for c in response.calls]
         if response.followed_up or any(c.output is None or not c.output_sent for c in calls):
             return []
         response.followed_up = True
-        self.floor.want("tool", turn=response.turn, answers=tuple(response.calls))
+        self.floor.want("tool", turn=response.turn, answers=tuple(response.calls), origin=response.origin)
         return []
 
     # -- announcements --------------------------------------------------------------------------------
 
-    def announce(self, announcement_id: int, text: str) -> list[Action]:
+    def announce(self, announcement_id: int, text: str, now: float, playback: PlaybackPosition) -> list[Action]:
         """Queue something to say unprompted; spoken when the floor is free, with tools off."""
-        if self.ended:
+        if self.state is CallState.ENDED:
             return [AnnouncementResult(announcement_id, False)]
+        self._observe(now, playback)
         self.floor.announce(Announcement(announcement_id, text))
         self.counters["announcements"] += 1
-        return self._pump()
+        return self._out(self._pump())
 
-    def on_playback_idle(self) -> list[Action]:
-        return self._pump()
+    def on_playback_idle(self, now: float, playback: PlaybackPosition) -> list[Action]:
+        if self.state is CallState.ENDED:
+            return []
+        self._observe(now, playback)
+        return self._out(self._pump())
 
-    def tick(self, now: float) -> list[Action]:
+    def tick(self, now: float, playback: PlaybackPosition) -> list[Action]:
         """Time passed (the shell calls this at `wake_at()`): a hold may have expired."""
-        self._now = now
-        return self._pump()
+        if self.state is CallState.ENDED:
+            return []
+        self._observe(now, playback)
+        return self._out(self._pump())
 
     def wake_at(self) -> float | None:
         """When the core next needs `tick`, or None: an announcement held for the server's answer."""
         hold = self.floor.hold_announcements_until
         return hold if self.floor.announcements and hold > self._now else None
 
-    def on_playback_started(self, item_id: str, now: float) -> list[Action]:
+    def on_playback_started(self, item_id: str, now: float, playback: PlaybackPosition) -> list[Action]:
+        self._observe(now, playback)
         for response in reversed(list(self._responses.values())):
             if item_id in response.audio_items:
                 turn = response.turn
@@ -448,17 +562,17 @@ class CallCore:
                     turn.first_audio_played = now
                     if turn in self._unheard_turns:
                         self._unheard_turns.remove(turn)
-                        self.telemetry.record(turn)
+                        self._records.append(turn)
                 break
-        return []
+        return self._out([])
 
     # -- response scheduling ----------------------------------------------------------------------------
 
     def _pump(self) -> list[Action]:
         """Send the next wanted response when nothing else holds the floor."""
-        busy = not self.connected or self.ended or self._active is not None
+        busy = not self.connected or self._active is not None
         request = self.floor.next_request(now=self._now, busy=busy, user_speaking=self.user_speaking,
-                                          playing=self.playback.is_playing())
+                                          playing=self._playback.playing)
         if request is None:
             return []
         event = self.provider.create_response(request.request)
@@ -483,11 +597,11 @@ class CallCore:
         if turn.first_audio_delta is not None and turn.first_audio_played is None and status != "ended":
             self._unheard_turns.append(turn)  # recorded once its first frame plays (or the next turn)
         else:
-            self.telemetry.record(turn)
+            self._records.append(turn)
 
     def _record_unheard(self) -> None:
-        while self._unheard_turns:
-            self.telemetry.record(self._unheard_turns.pop(0))
+        self._records.extend(self._unheard_turns)
+        self._unheard_turns.clear()
 
     def _trim_responses(self) -> None:
         while len(self._responses) > 64:
@@ -500,6 +614,7 @@ class CallCore:
 
     def status(self) -> dict:
         return {
+            "state": self.state.value,
             "connected": self.connected,
             "endpointing": self.options.endpointing,
             "user_speaking": self.user_speaking,
@@ -531,6 +646,7 @@ _HANDLERS = {
 }
 
 __all__ = [
-    "Action", "AnnouncementResult", "CallCore", "CallOptions", "FinishItem", "Notice",
-    "PlayAudio", "PlaybackView", "RunTool", "Send", "ShowTranscript", "StopPlayback",
+    "Action", "AnnouncementResult", "CallCore", "CallOptions", "CallState", "FinishItem", "InvalidState",
+    "Notice", "PlayAudio", "PlaybackPosition", "RecordTurn", "RunTool", "Send", "ShowTranscript",
+    "StopPlayback",
 ]

@@ -1,4 +1,4 @@
-"""What the call core asks its shell to do, and what it may read from the speaker.
+"""What the call core asks its shell to do, and the playback facts the shell passes in.
 
 Plain values: the core returns lists of these; `voice.engine.CallEngine` carries them out.
 """
@@ -6,7 +6,25 @@ Plain values: the core returns lists of these; `voice.engine.CallEngine` carries
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+
+from voice.attribution import Attribution
+from voice.telemetry import TurnRecord
+
+
+@dataclass(frozen=True)
+class PlaybackPosition:
+    """A snapshot of the speaker, taken by the shell when it calls the core.
+
+    `item_id` is the assistant item whose audio was handed to the output last, and `played_ms` how
+    much of it; barge-in truncates there, because that is what the people in the call heard.
+    """
+
+    playing: bool = False
+    item_id: str | None = None
+    played_ms: int = 0
+
+
+SILENT = PlaybackPosition()
 
 
 @dataclass(frozen=True)
@@ -32,10 +50,12 @@ class StopPlayback:
 
 @dataclass(frozen=True)
 class RunTool:
+    """Run a tool; `origin` says which response and turn asked, and who spoke that turn."""
+
     call_id: str
     name: str
     arguments: str
-    metadata: dict[str, str]
+    origin: Attribution
 
 
 @dataclass(frozen=True)
@@ -56,9 +76,12 @@ class Notice:
     text: str
 
 
-Action = Send | PlayAudio | FinishItem | StopPlayback | RunTool | ShowTranscript | AnnouncementResult | Notice
+@dataclass(frozen=True)
+class RecordTurn:
+    """A finished turn's latency record, for the shell to keep and (optionally) write."""
+
+    record: TurnRecord
 
 
-class PlaybackView(Protocol):
-    def played_ms(self, item_id: str) -> int: ...
-    def is_playing(self) -> bool: ...
+Action = (Send | PlayAudio | FinishItem | StopPlayback | RunTool | ShowTranscript | AnnouncementResult
+          | Notice | RecordTurn)

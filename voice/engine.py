@@ -12,7 +12,9 @@ import contextlib
 import itertools
 import json
 import logging
+import secrets
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,6 +22,7 @@ import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
 from voice import __version__
+from voice.attribution import CallInfo
 from voice.builtin_tools import talk_status_tool
 from voice.call import (
     Action,
@@ -29,16 +32,19 @@ from voice.call import (
     FinishItem,
     Notice,
     PlayAudio,
+    RecordTurn,
     RunTool,
     Send,
     ShowTranscript,
     StopPlayback,
 )
+from voice.call_actions import PlaybackPosition
+from voice.call_log import CallLogger
 from voice.identity import Identity
 from voice.providers.base import RealtimeProvider, SessionConfig
 from voice.redact import redacted_logger
 from voice.telemetry import Telemetry
-from voice.tools import ToolCatalogue
+from voice.tools import ToolCatalogue, ToolDecision
 from voice.transports.base import CallTransport
 
 log = logging.getLogger(__name__)
@@ -60,7 +66,11 @@ async def _default_connect(url: str, headers: dict[str, str]) -> ClientConnectio
 
 
 class CallEngine:
-    """A live conversation between a transport and a Realtime provider."""
+    """A live conversation between a transport and a Realtime provider.
+
+    One engine per call: it builds its own tool catalogue (the given one plus `talk_status`, which
+    reports this call), its own core and its own logger; it never changes what it was given.
+    """
 
     def __init__(
         self,
@@ -77,17 +87,20 @@ class CallEngine:
         backoff: tuple[float, ...] = DEFAULT_BACKOFF,
         on_transcript: Callable[[str, str], None] | None = None,
         settle_s: float | None = None,
+        call: CallInfo | None = None,
     ) -> None:
+        self.call = call or CallInfo(secrets.token_hex(4))
+        self.log = CallLogger(log, self.call.call_id)
         self.provider = provider
         self.transport = transport
-        self.catalogue = catalogue
+        self.catalogue = catalogue.extended(talk_status_tool(self.status)) \
+            if catalogue.get("talk_status") is None else catalogue.extended()
         self.identity = identity
         self.options = options or CallOptions()
         self.telemetry = telemetry or Telemetry()
-        if catalogue.get("talk_status") is None:
-            catalogue.add(talk_status_tool(self.status))
-        session = SessionConfig(identity.instructions, getattr(provider, "voice", ""), catalogue.specs())
-        self.core = CallCore(provider, session, transport, self.options, self.telemetry)
+        self.decisions: deque[ToolDecision] = deque(maxlen=50)
+        session = SessionConfig(identity.instructions, getattr(provider, "voice", ""), self.catalogue.specs())
+        self.core = CallCore(provider, session, self.options, logger=self.log)
         self._connector = connector
         self._clock = clock
         self._sleep = sleep
@@ -118,7 +131,7 @@ class CallEngine:
         Raises CallFailed when the provider cannot be reached or the connection cannot be restored.
         """
         self._ws = await self._open()
-        self._execute(self.core.start())
+        self._execute(self.core.start(self._clock()))
         workers = [
             asyncio.create_task(self._writer(), name="realtime-writer"),
             asyncio.create_task(self._reader(), name="realtime-reader"),
@@ -134,7 +147,7 @@ class CallEngine:
             for task in workers + list(self._tasks):
                 task.cancel()
             await asyncio.gather(*workers, *self._tasks, return_exceptions=True)
-            self._execute(self.core.end())
+            self._execute(self.core.end(self._clock()))
             if self._ws is not None:
                 with contextlib.suppress(Exception):
                     await self._ws.close()
@@ -150,7 +163,7 @@ class CallEngine:
         announcement_id = next(self._announce_ids)
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self._announcements[announcement_id] = future
-        self._execute(self.core.announce(announcement_id, text))
+        self._execute(self.core.announce(announcement_id, text, self._clock(), self._position()))
         return await future
 
     # -- provider socket -------------------------------------------------------------------------
@@ -183,26 +196,26 @@ class CallEngine:
         try:
             event = json.loads(message)
         except ValueError:
-            log.warning("ignoring a non-JSON message from the provider")
+            self.log.warning("ignoring a non-JSON message from the provider")
             return
         if not isinstance(event, dict):
             return
         now = self._clock()
         for neutral in self.provider.parse(event):
-            self._execute(self.core.on_provider(neutral, now))
+            self._execute(self.core.on_provider(neutral, now, self._position()))
 
     async def _reconnect(self) -> None:
-        log.warning("voice service connection dropped; reconnecting")
+        self.log.warning("voice service connection dropped; reconnecting")
         self._clear_outbox()
-        self._execute(self.core.on_disconnect())
+        self._execute(self.core.on_disconnect(self._clock()))
         for attempt, delay in enumerate(self._backoff, 1):
             await self._sleep(delay)
             try:
                 self._ws = await self._open()
             except CallFailed as exc:
-                log.warning("reconnect attempt %d failed: %s", attempt, exc)
+                self.log.warning("reconnect attempt %d failed: %s", attempt, exc)
                 continue
-            self._execute(self.core.on_reconnected())
+            self._execute(self.core.on_reconnected(self._clock(), self._position()))
             return
         self._failure = CallFailed(f"lost the voice service connection and could not reconnect after "
                                    f"{len(self._backoff)} attempts")
@@ -227,11 +240,10 @@ class CallEngine:
     # -- input ------------------------------------------------------------------------------------
 
     async def _pump_input(self) -> None:
-        local = self.options.endpointing == "local"
         transport = self.transport
         async for frame in transport.frames():
-            context = transport.turn_context() if local else None
-            self._execute(self.core.on_user_audio(frame, self._clock(), context))
+            self._execute(self.core.on_user_audio(frame, self._clock(), self._position(),
+                                                  transport.turn_context()))
         self._input_ended.set()
 
     async def _watch_settled(self) -> None:
@@ -261,10 +273,13 @@ class CallEngine:
     # -- playback listener (called by the transport, on the loop) ---------------------------------
 
     def on_playback_started(self, item_id: str) -> None:
-        self._execute(self.core.on_playback_started(item_id, self._clock()))
+        self._execute(self.core.on_playback_started(item_id, self._clock(), self._position()))
 
     def on_playback_idle(self) -> None:
-        self._execute(self.core.on_playback_idle())
+        self._execute(self.core.on_playback_idle(self._clock(), self._position()))
+
+    def _position(self) -> PlaybackPosition:
+        return self.transport.position()
 
     # -- actions ----------------------------------------------------------------------------------
 
@@ -286,7 +301,7 @@ class CallEngine:
     def _on_timer(self) -> None:
         self._timer, self._timer_at = None, None
         if not self._stopping:
-            self._execute(self.core.tick(self._clock()))
+            self._execute(self.core.tick(self._clock(), self._position()))
 
     def _carry_out(self, actions: list[Action]) -> None:
         for action in actions:
@@ -309,20 +324,29 @@ class CallEngine:
                 future = self._announcements.pop(action.announcement_id, None)
                 if future is not None and not future.done():
                     future.set_result(action.delivered)
+            elif isinstance(action, RecordTurn):
+                self.telemetry.record(action.record)
             elif isinstance(action, Notice):
                 level = {"info": logging.INFO, "warning": logging.WARNING}.get(action.level, logging.ERROR)
-                log.log(level, "%s", action.text)
+                self.log.log(level, "%s", action.text)
 
     async def _run_tool(self, action: RunTool) -> None:
-        outcome = await self.catalogue.run(action.call_id, action.name, action.arguments, action.metadata,
-                                           clock=self._clock)
-        self._execute(self.core.on_tool_result(action.call_id, outcome.output, outcome.elapsed_ms))
+        outcome = await self.catalogue.run(action.call_id, action.name, action.arguments, origin=action.origin,
+                                           call=self.call, on_decision=self._decided, clock=self._clock)
+        self._execute(self.core.on_tool_result(action.call_id, outcome.output, self._clock(), self._position(),
+                                               outcome.elapsed_ms))
+
+    def _decided(self, decision: ToolDecision) -> None:
+        """Every authorisation decision is recorded: a log line now (the store later)."""
+        self.decisions.append(decision)
+        self.log.log(logging.INFO if decision.allowed else logging.WARNING, "%s", decision.describe())
 
     # -- status -----------------------------------------------------------------------------------
 
     def status(self) -> dict:
         """What talk_status reports: never instructions' content, never secrets."""
         return {
+            "call_id": self.call.call_id,
             "version": __version__,
             "provider": self.provider.name,
             "model": self.provider.model,

@@ -13,6 +13,7 @@ import json
 from collections import deque
 from dataclasses import dataclass
 
+from voice.attribution import UNKNOWN, Attribution
 from voice.providers.base import ResponseRequest
 from voice.telemetry import TurnRecord
 
@@ -39,6 +40,7 @@ class WantedResponse:
     turn: TurnRecord | None = None
     cancel_on_create: bool = False
     answers: tuple[str, ...] = ()  # call ids a tool follow-up answers
+    origin: Attribution = UNKNOWN  # the turn (and its speakers) this response answers
 
     @property
     def event_id(self) -> str:
@@ -55,11 +57,22 @@ class Floor:
 
     def want(self, kind: str, request: ResponseRequest | None = None, *,
              announcement: Announcement | None = None, turn: TurnRecord | None = None,
-             answers: tuple[str, ...] = ()) -> None:
+             answers: tuple[str, ...] = (), origin: Attribution = UNKNOWN) -> None:
+        """Queue a response.create. Its metadata carries only our opaque request id: attribution is
+        kept here, never read back from what the provider echoes."""
         request_id = f"r{next(self._ids)}"
         base = request or ResponseRequest()
-        stamped = ResponseRequest({**base.metadata, REQUEST_KEY: request_id}, base.instructions, base.tools_off)
-        self.queue.append(WantedResponse(request_id, kind, stamped, announcement, turn, answers=answers))
+        stamped = ResponseRequest({REQUEST_KEY: request_id}, base.instructions, base.tools_off)
+        self.queue.append(WantedResponse(request_id, kind, stamped, announcement, turn, answers=answers,
+                                         origin=origin))
+
+    def await_answer(self, until: float) -> None:
+        """The server's VAD ended a turn: its own answer comes before any announcement (until `until`)."""
+        self.hold_announcements_until = until
+
+    def answer_arrived(self) -> None:
+        """A response was created: the hold is over (the floor rules still apply)."""
+        self.hold_announcements_until = 0.0
 
     def announce(self, announcement: Announcement, *, first: bool = False) -> None:
         if first:

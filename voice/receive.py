@@ -22,7 +22,16 @@ import davey
 
 from .deaf import DeafDetector
 from .opus import FRAME_BYTES, OpusDecoder
-from .rtp import DAVE_MAGIC, OPUS_PAYLOAD_TYPE, OPUS_SILENCE
+from .rtp import (
+    DAVE_MAGIC,
+    NONCE_SUFFIX_SIZE,
+    OPUS_PAYLOAD_TYPE,
+    OPUS_SILENCE,
+    TAG_SIZE,
+    is_rtcp,
+    parse_header,
+    strip_padding,
+)
 from .transport_cipher import TransportCipher, UnsupportedMode
 
 log = logging.getLogger(__name__)
@@ -191,23 +200,18 @@ class Receiver:
         stats = self.stats
         if type(d) is not bytes:
             d = bytes(d)
-        n = len(d)
-        if n < 12:
-            stats["malformed"] += 1
-            return
-        b1 = d[1]
-        if 200 <= b1 <= 204:
+        if is_rtcp(d):
             stats["rtcp"] += 1
             return
-        b0 = d[0]
-        if b0 >> 6 != 2:
+        header = parse_header(d)
+        if header is None:
             stats["malformed"] += 1
             return
-        if b1 & 0x7F != OPUS_PAYLOAD_TYPE:
+        if header.payload_type != OPUS_PAYLOAD_TYPE:
             stats["not_opus"] += 1
             return
         conn = self._conn
-        ssrc = int.from_bytes(d[8:12], "big")
+        ssrc = header.ssrc
         if ssrc == conn.ssrc:
             stats["own"] += 1
             return
@@ -215,15 +219,8 @@ class Receiver:
             stats["video"] += 1
             return
         self._activity += 1
-        aad_len = 12 + ((b0 & 0x0F) << 2)
-        ext_len = 0
-        if b0 & 0x10:
-            if n < aad_len + 4:
-                stats["malformed"] += 1
-                return
-            ext_len = int.from_bytes(d[aad_len + 2 : aad_len + 4], "big") << 2
-            aad_len += 4
-        if n < aad_len + 20:
+        aad_len = header.aad_len
+        if len(d) < aad_len + TAG_SIZE + NONCE_SUFFIX_SIZE:
             stats["malformed"] += 1
             return
         key = conn.secret_key
@@ -234,28 +231,29 @@ class Receiver:
         if cipher is None:
             stats["no_key"] += 1
             return
-        plain = cipher.decrypt(d[:aad_len], d[aad_len:-4], d[-4:])
+        plain = cipher.decrypt(d[:aad_len], d[aad_len:-NONCE_SUFFIX_SIZE], d[-NONCE_SUFFIX_SIZE:])
         if plain is None:
             stats["transport_fail"] += 1
             return
         stream = self._streams.get(ssrc)
         if stream is None:
             stream = self._streams[ssrc] = _Stream()
-        verdict = stream.accept((d[2] << 8) | d[3])
+        verdict = stream.accept(header.sequence)
         if verdict:
             stats["duplicate" if verdict == 1 else "stale"] += 1
             return
+        ext_len = header.ext_words << 2
         if ext_len:
             if ext_len > len(plain):
                 stats["bad_extension"] += 1
                 return
             plain = plain[ext_len:]
-        if b0 & 0x20:
-            pad = plain[-1] if plain else 0
-            if pad == 0 or pad > len(plain):
+        if header.padded:
+            unpadded = strip_padding(plain)
+            if unpadded is None:
                 stats["bad_padding"] += 1
                 return
-            plain = plain[:-pad]
+            plain = unpadded
         user_id = self._ssrc_user.get(ssrc)
         if user_id is None:
             self._unmapped(ssrc, stream, plain)

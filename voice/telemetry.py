@@ -1,4 +1,7 @@
-"""Per-turn latency records: kept in memory for talk_status, optionally written as JSON lines."""
+"""Per-turn latency records: kept in memory for talk_status, optionally written as JSON lines.
+
+The call core only builds `TurnRecord`s and hands them out as actions; the engine records them here.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ class TurnRecord:
     response_done: float | None = None
     tool_ms: float = 0.0
     status: str = ""
-    speakers: list[str] = field(default_factory=list)
+    speakers: list[int] = field(default_factory=list)  # immutable user ids of who spoke the turn
 
     def latencies_ms(self) -> dict[str, float]:
         """Milliseconds from end of speech to each later mark (absent marks are omitted)."""
@@ -46,9 +49,12 @@ class TurnRecord:
 class Telemetry:
     def __init__(self, keep: int = 50, path: Path | None = None) -> None:
         self.recent: deque[TurnRecord] = deque(maxlen=keep)
+        self.count = 0  # every turn recorded, not just the `keep` most recent
         self._path = path
 
     def record(self, turn: TurnRecord) -> None:
+        """Keep the record (and append it to the JSON-lines file, when there is one). Shell-side I/O."""
+        self.count += 1
         self.recent.append(turn)
         if self._path is not None:
             try:

@@ -1,7 +1,12 @@
-"""The tool catalogue: what the model may call, how each call runs, and what it answers.
+"""The tool catalogue: what the model may call, who may run it, how each call runs, what it answers.
 
 Every call ends in exactly one output string — a result, or a short error the assistant can say —
 never a stack trace. Handlers run off the audio path (the engine runs them as tasks).
+
+Authorisation is fail-closed. A tool that changes things (`mutating=True`) runs only when
+  1. the call's origin is known (the core traced it to a committed turn and its speakers), and
+  2. the catalogue's authoriser allows it — and a catalogue built without one denies them all.
+Every decision, allowed or refused, goes to the catalogue's decision hook (the engine logs it).
 """
 
 from __future__ import annotations
@@ -11,24 +16,38 @@ import inspect
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from voice.attribution import UNKNOWN, Attribution, CallInfo
 from voice.providers.base import ToolSpec
 
 log = logging.getLogger(__name__)
 
+UNKNOWN_ORIGIN_REFUSAL = ("I can't tell who asked for that, so I won't run it. Ask me again in your "
+                          "own words and I'll try.")
+
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One function call from the model, with the metadata of the response that produced it."""
+    """One function call from the model: its arguments, and where it came from.
+
+    `origin` is the core's attribution (response, turn, speakers); `call` says which call (and, in
+    Discord, which guild and channel). Arguments are model output: they never authorise anything.
+    """
 
     call_id: str
     name: str
     arguments: dict[str, Any]
     raw_arguments: str
-    metadata: dict[str, str] = field(default_factory=dict)
+    origin: Attribution = UNKNOWN
+    call: CallInfo = field(default_factory=lambda: CallInfo("unknown"))
+
+    @property
+    def speakers(self) -> frozenset[int] | None:
+        """Immutable user ids of who spoke the turn behind this call; None when unknown."""
+        return self.origin.speakers
 
 
 Handler = Callable[[ToolCall], Awaitable[Any] | Any]
@@ -47,17 +66,49 @@ class Tool:
         return ToolSpec(self.name, self.description, self.parameters)
 
 
+class ToolRefused(Exception):
+    """An authoriser's refusal. Its message is spoken to the people in the call: say what to do."""
+
+
 class ToolAuthorizer(Protocol):
-    """Decides whether a mutating call may run; returns None to allow or a refusal to speak."""
+    """Decides whether a mutating call may run: return to allow, raise `ToolRefused` to refuse.
 
-    def check(self, tool: Tool, call: ToolCall) -> str | None: ...
+    Async, and given the whole call (origin, speakers, call id, guild/channel) — like a discord.py
+    `app_commands.check`. Only consulted for mutating tools whose origin is known.
+    """
+
+    async def authorize(self, tool: Tool, call: ToolCall) -> None: ...
 
 
-class AllowAll:
-    """The terminal's authoriser: the one local user may run everything."""
+class DenyMutating:
+    """The default: nobody may run tools that change things (a composition must choose a gate)."""
 
-    def check(self, tool: Tool, call: ToolCall) -> str | None:
+    async def authorize(self, tool: Tool, call: ToolCall) -> None:
+        raise ToolRefused(f"{tool.name} changes things, and this call has no one allowed to run such tools")
+
+
+class AllowKnownSpeakers:
+    """The terminal's authoriser: the one local user may run everything they asked for themselves."""
+
+    async def authorize(self, tool: Tool, call: ToolCall) -> None:
         return None
+
+
+@dataclass(frozen=True)
+class ToolDecision:
+    """One authorisation decision, for the log now and the store later."""
+
+    call: CallInfo
+    tool: str
+    call_id: str
+    origin: Attribution
+    allowed: bool
+    reason: str
+
+    def describe(self) -> str:
+        verdict = "allowed" if self.allowed else "refused"
+        return (f"tool {self.tool} ({self.call_id}) {verdict} for {self.origin.describe()}, turn "
+                f"{self.origin.turn_id}, response {self.origin.response_id}: {self.reason}")
 
 
 @dataclass(frozen=True)
@@ -67,15 +118,26 @@ class ToolOutcome:
     elapsed_ms: float
 
 
+DecisionHook = Callable[[ToolDecision], None]
+
+
 class ToolCatalogue:
-    def __init__(self, authorizer: ToolAuthorizer | None = None) -> None:
+    """The tools of one call. Build one per call (`extended()` copies); nothing here is shared state."""
+
+    def __init__(self, authorizer: ToolAuthorizer | None = None, tools: Iterable[Tool] = ()) -> None:
         self._tools: dict[str, Tool] = {}
-        self._authorizer = authorizer or AllowAll()
+        self.authorizer: ToolAuthorizer = authorizer or DenyMutating()
+        for tool in tools:
+            self.add(tool)
 
     def add(self, tool: Tool) -> None:
         if tool.name in self._tools:
             raise ValueError(f"tool {tool.name!r} is already registered")
         self._tools[tool.name] = tool
+
+    def extended(self, *tools: Tool) -> ToolCatalogue:
+        """A new catalogue with these tools and the same authoriser; this one is left as it was."""
+        return ToolCatalogue(self.authorizer, [*self._tools.values(), *tools])
 
     def get(self, name: str) -> Tool | None:
         return self._tools.get(name)
@@ -86,8 +148,9 @@ class ToolCatalogue:
     def specs(self) -> tuple[ToolSpec, ...]:
         return tuple(t.spec() for t in self._tools.values())
 
-    async def run(self, call_id: str, name: str, raw_arguments: str,
-                  metadata: dict[str, str] | None = None,
+    async def run(self, call_id: str, name: str, raw_arguments: str, *,
+                  origin: Attribution = UNKNOWN, call: CallInfo | None = None,
+                  on_decision: DecisionHook | None = None,
                   clock: Callable[[], float] = time.monotonic) -> ToolOutcome:
         """Run one call to completion. Never raises (cancellation aside)."""
         start = clock()
@@ -104,13 +167,16 @@ class ToolCatalogue:
                 raise ValueError("arguments must be a JSON object")
         except ValueError as exc:
             return done(_error(f"the arguments for {name} were not valid JSON ({exc})"), False)
-        call = ToolCall(call_id, name, arguments, raw_arguments, dict(metadata or {}))
+        request = ToolCall(call_id, name, arguments, raw_arguments, origin, call or CallInfo("unknown"))
         if tool.mutating:
-            refusal = self._authorizer.check(tool, call)
-            if refusal:
+            refusal = await self._authorize(tool, request)
+            if on_decision is not None:
+                on_decision(ToolDecision(request.call, name, call_id, origin, refusal is None,
+                                         refusal or "authorised"))
+            if refusal is not None:
                 return done(_error(refusal), False)
         try:
-            result = tool.handler(call)
+            result = tool.handler(request)
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, tool.timeout_s)
         except TimeoutError:
@@ -120,6 +186,19 @@ class ToolCatalogue:
             log.exception("tool %s failed", name)
             return done(_error(f"{name} failed: {type(exc).__name__}: {exc}"[:300]), False)
         return done(result if isinstance(result, str) else json.dumps(result, default=str), True)
+
+    async def _authorize(self, tool: Tool, call: ToolCall) -> str | None:
+        """None to allow, else the refusal to speak. Unknown origin never reaches the authoriser."""
+        if not call.origin.known:
+            return UNKNOWN_ORIGIN_REFUSAL
+        try:
+            await self.authorizer.authorize(tool, call)
+        except ToolRefused as exc:
+            return str(exc) or f"{tool.name} is not allowed here"
+        except Exception as exc:  # a broken gate refuses; it never lets a call through
+            log.exception("authoriser failed for %s", tool.name)
+            return f"{tool.name} could not be authorised ({type(exc).__name__}), so it did not run"
+        return None
 
 
 def _error(message: str) -> str:

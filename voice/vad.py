@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import numpy as np
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -43,25 +46,27 @@ class EnergyVad:
         return None
 
 
-class LocalEndpointer:
+class LocalEndpointer(Generic[T]):
     """Local endpointing: which frames belong to a turn, and when it starts and ends.
 
-    `push(frame)` returns (decision, frames to append): nothing while quiet (the last `prefix_ms`
-    are kept back), the kept-back prefix plus the frame at the start, every frame during speech
-    including the closing silence. So a committed buffer holds one turn of speech and nothing else.
+    `push(frame, tag)` returns (decision, [(frame, tag), ...] to append): nothing while quiet (the
+    last `prefix_ms` are kept back), the kept-back prefix plus the frame at the start, every frame
+    during speech including the closing silence. So a committed buffer holds one turn of speech and
+    nothing else, and each frame keeps the tag it came with (the call core tags frames with who
+    spoke them, so a turn is attributed to exactly the audio it holds).
     """
 
     def __init__(self, config: VadConfig = VadConfig(), frame_ms: int = 20) -> None:
         self.vad = EnergyVad(config, frame_ms)
-        self._prefix: deque[bytes] = deque(maxlen=max(1, config.prefix_ms // frame_ms))
+        self._prefix: deque[tuple[bytes, T | None]] = deque(maxlen=max(1, config.prefix_ms // frame_ms))
 
-    def push(self, frame: bytes) -> tuple[str | None, list[bytes]]:
+    def push(self, frame: bytes, tag: T | None = None) -> tuple[str | None, list[tuple[bytes, T | None]]]:
         decision = self.vad.push(frame)
         if decision == "start":
-            frames = [*self._prefix, frame]
+            frames = [*self._prefix, (frame, tag)]
             self._prefix.clear()
             return decision, frames
         if self.vad.speaking or decision == "end":
-            return decision, [frame]
-        self._prefix.append(frame)
+            return decision, [(frame, tag)]
+        self._prefix.append((frame, tag))
         return decision, []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
+from voice.call_actions import PlaybackPosition
 from voice.transports.base import FRAME_BYTES, TurnContext
 
 BYTES_PER_MS = 48  # 24 kHz mono s16le
@@ -23,6 +24,7 @@ class VirtualTransport:
         self.listener = None
         self.context: TurnContext | None = None
         self.play_log: list[str] = []  # item ids in the order play() was called
+        self._last_item: str | None = None
 
     # -- test side ---------------------------------------------------------------------------
 
@@ -44,6 +46,7 @@ class VirtualTransport:
             self.heard.setdefault(item, bytearray()).extend(data[:take])
             del data[:take]
             self._played[item] = self._played.get(item, 0) + take
+            self._last_item = item
             want -= take
             if not data:
                 self._segments.popleft()
@@ -81,6 +84,10 @@ class VirtualTransport:
 
     def is_playing(self) -> bool:
         return bool(self._segments)
+
+    def position(self) -> PlaybackPosition:
+        item = self._last_item
+        return PlaybackPosition(bool(self._segments), item, self.played_ms(item) if item else 0)
 
     def set_listener(self, listener) -> None:
         self.listener = listener

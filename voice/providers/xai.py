@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .base import SessionConfig
-from .openai_ga import OpenAIRealtime, parse_ga_event
+from .openai_ga import OpenAIRealtime
 
 DEFAULT_URL = "wss://api.x.ai/v1/realtime"
 VOICES = ("Ara", "Eve", "Rex", "Sal", "Leo")
@@ -34,6 +34,3 @@ class XAIRealtime(OpenAIRealtime):
             ],
         }
         return {"type": "session.update", "session": session}
-
-    def parse(self, event: dict):
-        return parse_ga_event(event)

@@ -6,9 +6,11 @@ The engine calls every method on the event loop.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from voice.call_actions import PlaybackPosition
 
 RATE = 24_000
 FRAME_MS = 20
@@ -17,14 +19,16 @@ FRAME_BYTES = RATE * 2 * FRAME_MS // 1000  # 960
 
 @dataclass(frozen=True)
 class TurnContext:
-    """Who spoke the turn about to be committed (local endpointing).
+    """Who is in the frame just yielded by `frames()`: immutable user ids, and display names.
 
-    `context` is inserted as a conversation item just before the audio; `metadata` (≤16 string
-    pairs) rides on `response.create` and comes back with the response's function calls.
+    The call core unions the speakers of exactly the frames it commits into a turn, so a turn is
+    attributed to the audio it holds, not to whoever the transport saw last. `names` are display
+    names, passed to the model as quoted untrusted data and never used to authorise anything; a
+    transport that gives none (one local speaker) gets no speaker-context item.
     """
 
-    context: str | None = None
-    metadata: dict[str, str] = field(default_factory=dict)
+    speakers: frozenset[int] = frozenset()
+    names: Mapping[int, str] = field(default_factory=dict)
 
 
 class CallTransport(Protocol):
@@ -56,7 +60,11 @@ class CallTransport(Protocol):
         ...
 
     def turn_context(self) -> TurnContext | None:
-        """Speaker context for the turn being committed (None for a single local speaker)."""
+        """Who spoke the frame `frames()` yielded last (None: nobody known)."""
+        ...
+
+    def position(self) -> PlaybackPosition:
+        """What the speaker has handed to the output so far (read by the shell, passed to the core)."""
         ...
 
 

@@ -1,9 +1,10 @@
-"""The playback half of the local transports: a queue of assistant audio, drained 20 ms at a time.
+"""The one playback queue: assistant audio queued per item, drained one frame at a time.
 
 The engine queues audio on the event loop (`play`, `finish_item`, `clear`); a clock — the file
-transport's paced task or the sound card's callback thread — takes one frame per tick with
-`pull_frame()`. They meet at one lock, so `played_ms()` is exactly what was handed to the output,
-the figure barge-in truncation needs.
+transport's paced task, the sound card's callback thread, or discord.py's player thread (through
+`voice.playback.PlaybackSource`) — takes one frame per tick with `pull_frame()`. They meet at one
+lock, so `played_ms()` is exactly what was handed to the output, the figure barge-in truncation
+needs, and the listener hears when each item starts and when the output goes idle.
 """
 
 from __future__ import annotations
@@ -14,10 +15,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import Self
 
-from .base import FRAME_BYTES, RATE, PlaybackListener
+from voice.attribution import LOCAL_SPEAKER
+from voice.call_actions import PlaybackPosition
+
+from .base import FRAME_BYTES, RATE, PlaybackListener, TurnContext
 
 SILENCE_FRAME = bytes(FRAME_BYTES)
 _BYTES_PER_MS = RATE * 2 // 1000  # 48
+LOCAL_CONTEXT = TurnContext(frozenset({LOCAL_SPEAKER}))
 _KEEP_ITEMS = 64  # played-ms history; the engine only ever asks about recent items
 
 
@@ -31,7 +36,10 @@ class _Segment:
 
 
 class PacedSpeaker:
-    """Thread-safe per-item playback queue of 24 kHz mono s16le; never ends on its own.
+    """Thread-safe per-item playback queue (by default 24 kHz mono s16le); never ends on its own.
+
+    `frame_bytes` and `bytes_per_ms` set the output format: Discord's player pulls 3,840-byte
+    frames of 48 kHz stereo (192 bytes per ms).
 
     Listener calls are made from the thread that calls `pull_frame()`, outside the lock:
     `on_playback_started(item)` on an item's first frame, `on_playback_idle()` once on the first
@@ -39,7 +47,10 @@ class PacedSpeaker:
     idle as well, so every started is followed by exactly one idle.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, frame_bytes: int = FRAME_BYTES, bytes_per_ms: int = _BYTES_PER_MS) -> None:
+        self.frame_bytes = frame_bytes
+        self.bytes_per_ms = bytes_per_ms
+        self._silence = bytes(frame_bytes)
         self._lock = threading.Lock()
         self._segments: deque[_Segment] = deque()
         self._played: OrderedDict[str, int] = OrderedDict()  # item -> bytes handed out
@@ -82,11 +93,19 @@ class PacedSpeaker:
 
     def played_ms(self, item_id: str) -> int:
         with self._lock:
-            return self._played.get(item_id, 0) // _BYTES_PER_MS
+            return self._played.get(item_id, 0) // self.bytes_per_ms
 
     def buffered_ms(self) -> int:
         with self._lock:
-            return sum(len(seg.data) for seg in self._segments) // _BYTES_PER_MS
+            return sum(len(seg.data) for seg in self._segments) // self.bytes_per_ms
+
+    def position(self) -> PlaybackPosition:
+        """Playing or not, and the item handed out last with how much of it: one consistent snapshot."""
+        with self._lock:
+            if not self._played:
+                return PlaybackPosition(bool(self._segments))
+            item_id = next(reversed(self._played))
+            return PlaybackPosition(bool(self._segments), item_id, self._played[item_id] // self.bytes_per_ms)
 
     def is_playing(self) -> bool:
         with self._lock:
@@ -95,7 +114,7 @@ class PacedSpeaker:
     # -- output side (any thread) --------------------------------------------------------------
 
     def pull_frame(self) -> tuple[bytes, str | None]:
-        """The next FRAME_BYTES of output and the item it belongs to (silence and None on underrun)."""
+        """The next frame of output and the item it belongs to (silence and None on underrun)."""
         events: list[Callable[[], None]] = []
         with self._lock:
             self.frames_pulled += 1
@@ -117,21 +136,22 @@ class PacedSpeaker:
     def _take(self) -> tuple[bytes, str | None, int]:
         """(frame, item, bytes of real audio in it); the caller holds the lock."""
         segments = self._segments
+        size = self.frame_bytes
         if not segments:
             self.underruns += 1
-            return SILENCE_FRAME, None, 0
+            return self._silence, None, 0
         seg = segments[0]
-        if len(seg.data) >= FRAME_BYTES:
-            frame = bytes(seg.data[:FRAME_BYTES])
-            del seg.data[:FRAME_BYTES]
-            taken = FRAME_BYTES
+        if len(seg.data) >= size:
+            frame = bytes(seg.data[:size])
+            del seg.data[:size]
+            taken = size
         elif seg.finished or len(segments) > 1:
             taken = len(seg.data)
-            frame = bytes(seg.data) + bytes(FRAME_BYTES - taken)
+            frame = bytes(seg.data) + bytes(size - taken)
             seg.data.clear()
         else:  # mid-item and short of a frame: wait for more rather than split a word
             self.underruns += 1
-            return SILENCE_FRAME, None, 0
+            return self._silence, None, 0
         if not seg.data:
             segments.popleft()
         return frame, seg.item_id, taken
@@ -164,8 +184,11 @@ class SpeakerPlayback:
     def is_playing(self) -> bool:
         return self._speaker.is_playing()
 
-    def turn_context(self) -> None:
-        return None  # one local speaker: no per-turn speaker context
+    def position(self) -> PlaybackPosition:
+        return self._speaker.position()
+
+    def turn_context(self) -> TurnContext:
+        return LOCAL_CONTEXT  # one local speaker, always the same person
 
     def start(self) -> None:
         raise NotImplementedError
