@@ -13,7 +13,6 @@ every response the core creates keeps its originating turn (tool follow-ups inhe
 from __future__ import annotations
 
 import enum
-import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from voice.floor import Announcement, Floor
 from voice.providers.base import RealtimeProvider, SessionConfig
 from voice.telemetry import TurnRecord
 from voice.transports.base import TurnContext
+from voice.turns import TurnLedger
 from voice.vad import LocalEndpointer, VadConfig
 
 log = logging.getLogger(__name__)
@@ -120,13 +120,8 @@ class CallCore:
         self._calls: dict[str, _Call] = {}
         self._received_ms: dict[str, float] = {}  # item -> ms of audio received
         self._history: deque[tuple[str, str]] = deque(maxlen=RESTORE_ITEMS)
-        self._turn: TurnRecord | None = None
-        self._turn_ids = itertools.count(1)
-        self._unheard_turns: list[TurnRecord] = []
-        self._records: list[TurnRecord] = []  # finished, not yet handed to the shell
+        self.turns = TurnLedger()
         self._endpointer: LocalEndpointer[TurnContext] = LocalEndpointer(self.options.vad)
-        self._heard: set[int] = set()  # speakers of the audio appended since the last commit
-        self._heard_names: dict[int, str] = {}
         self._committed = UNKNOWN  # server endpointing: the turn the server's next answer belongs to
         self.counters: dict[str, int] = {"barge_ins": 0, "cancels_sent": 0, "stale_audio_dropped": 0,
                                          "tool_calls": 0, "announcements": 0, "reconnects": 0,
@@ -155,10 +150,8 @@ class CallCore:
 
     def _out(self, actions: list[Action]) -> list[Action]:
         """Every entry point returns through here: finished turn records go out as actions."""
-        if self._records:
-            actions = actions + [RecordTurn(r) for r in self._records]
-            self._records = []
-        return actions
+        records = self.turns.drain()
+        return actions + [RecordTurn(r) for r in records] if records else actions
 
     # -- session ---------------------------------------------------------------------------------
 
@@ -185,7 +178,7 @@ class CallCore:
             self._active = None
         for response in self._responses.values():
             response.followed_up = False
-        self._heard.clear()  # that audio buffer is gone with the socket
+        self.turns.forget_heard()  # that audio buffer is gone with the socket
         return []
 
     def on_reconnected(self, now: float, playback: PlaybackPosition) -> list[Action]:
@@ -225,9 +218,8 @@ class CallCore:
         if self._active is not None and self._active.announcement is not None:
             pending.append(self._active.announcement)
         actions: list[Action] = [AnnouncementResult(a.announcement_id, False) for a in pending if a.announcement_id]
-        if self._turn is not None:
-            self._close_turn("ended")
-        self._record_unheard()
+        self.turns.close("ended")
+        self.turns.flush_unheard()
         return self._out(actions)
 
     # -- user audio --------------------------------------------------------------------------------
@@ -241,7 +233,7 @@ class CallCore:
             return []
         self._observe(now, playback)
         if self.options.endpointing == "server":
-            self._hear(context)
+            self.turns.hear(context)
             actions: list[Action] = [Send(self.provider.append_audio(frame))]
             if self.floor.announcements and self._active is None and not self.floor.inflight:
                 actions += self._pump()
@@ -251,34 +243,16 @@ class CallCore:
         if decision == "start":
             actions += self._speech_started(now)
         for pcm, tag in frames:
-            self._hear(tag)
+            self.turns.hear(tag)
             actions.append(Send(self.provider.append_audio(pcm)))
         if decision == "end":
             actions += self._local_turn_end(now)
         return self._out(actions)
 
-    def _hear(self, context: TurnContext | None) -> None:
-        if context is not None and context.speakers:
-            self._heard.update(context.speakers)
-            for user_id in context.speakers:
-                name = context.names.get(user_id)
-                if name:
-                    self._heard_names[user_id] = name
-
-    def _take_heard(self, turn: TurnRecord) -> tuple[Attribution, dict[int, str]]:
-        """The speakers of exactly the audio being committed (and their display names); then forget
-        them, so the next turn starts from nobody."""
-        speakers = frozenset(self._heard)
-        names = {k: v for k, v in self._heard_names.items() if k in speakers}
-        self._heard.clear()
-        self._heard_names.clear()
-        turn.speakers = sorted(speakers)
-        return Attribution(None, turn.turn, speakers or None), names
-
     def _local_turn_end(self, now: float) -> list[Action]:
         self.user_speaking = False
-        turn = self._new_turn(now)
-        origin, names = self._take_heard(turn)
+        turn = self.turns.new(now)
+        origin, names = self.turns.commit(turn)
         actions: list[Action] = []
         context = speaker_context_text(origin.speakers or frozenset(), names)
         if context:
@@ -309,8 +283,9 @@ class CallCore:
         if active is not None and not active.cancelled and not active.done:
             actions += self._cancel(active)
         self.floor.interrupt_pending()
-        if self._turn is not None and self._turn.response_created is not None:
-            self._close_turn("interrupted")
+        current = self.turns.current
+        if current is not None and current.response_created is not None:
+            self.turns.close("interrupted")
         return actions
 
     def _cancel(self, response: _Response) -> list[Action]:
@@ -343,18 +318,18 @@ class CallCore:
 
     def _on_speech_stopped(self, event: ev.SpeechStopped, now: float) -> list[Action]:
         self.user_speaking = False
-        self._new_turn(now)
+        self.turns.new(now)
         self.floor.await_answer(now + self.options.answer_wait_s)
         return self._pump()
 
     def _on_committed(self, event: ev.InputCommitted, now: float) -> list[Action]:
         if self.options.endpointing != "server":
             return []
-        turn = self._turn
+        turn = self.turns.current
         if turn is None or turn.commit is not None:
-            turn = self._new_turn(now)  # a commit without speech_stopped still starts a turn
+            turn = self.turns.new(now)  # a commit without speech_stopped still starts a turn
         turn.commit = now
-        self._committed, _ = self._take_heard(turn)
+        self._committed, _ = self.turns.commit(turn)
         return []
 
     def _on_user_transcript(self, event: ev.UserTranscript, now: float) -> list[Action]:
@@ -372,7 +347,7 @@ class CallCore:
         elif local:  # nothing of ours: the provider answered on its own, so nobody is known
             kind, origin, turn = "auto", UNKNOWN, None
         else:  # server endpointing: the server answers the turn it committed last
-            kind, origin, turn = "auto", self._committed, self._turn
+            kind, origin, turn = "auto", self._committed, self.turns.current
         response = _Response(event.response_id, kind, origin.for_response(event.response_id),
                              request.announcement if request else None, turn,
                              answers=request.answers if request else ())
@@ -406,7 +381,7 @@ class CallCore:
         local = self.options.endpointing == "local"
         origin = UNKNOWN if local else self._committed
         response = _Response(response_id, "auto", origin.for_response(response_id),
-                             turn=None if local else self._turn)
+                             turn=None if local else self.turns.current)
         self._responses[response_id] = response
         self._active = response
         return response
@@ -456,8 +431,8 @@ class CallCore:
             if response.kind != "announce":
                 self._speak_problem("the last answer failed on the voice service", now)
         actions += self._maybe_follow_up(response)
-        if turn is not None and not response.calls and turn is self._turn:
-            self._close_turn(event.status)
+        if turn is not None and not response.calls and turn is self.turns.current:
+            self.turns.close(event.status)
         return actions + self._pump()
 
     def _settle(self, announcement: Announcement | None, spoken: bool) -> list[Action]:
@@ -557,12 +532,8 @@ class CallCore:
         self._observe(now, playback)
         for response in reversed(list(self._responses.values())):
             if item_id in response.audio_items:
-                turn = response.turn
-                if turn is not None and turn.first_audio_played is None:
-                    turn.first_audio_played = now
-                    if turn in self._unheard_turns:
-                        self._unheard_turns.remove(turn)
-                        self._records.append(turn)
+                if response.turn is not None:
+                    self.turns.first_played(response.turn, now)
                 break
         return self._out([])
 
@@ -579,29 +550,7 @@ class CallCore:
         event["event_id"] = request.event_id
         return [Send(event)]
 
-    # -- turns ------------------------------------------------------------------------------------------------
-
-    def _new_turn(self, now: float) -> TurnRecord:
-        if self._turn is not None:
-            self._close_turn(self._turn.status or "superseded")
-        self._record_unheard()
-        self._turn = TurnRecord(next(self._turn_ids), speech_end=now)
-        return self._turn
-
-    def _close_turn(self, status: str) -> None:
-        turn = self._turn
-        if turn is None:
-            return
-        turn.status = turn.status or status
-        self._turn = None
-        if turn.first_audio_delta is not None and turn.first_audio_played is None and status != "ended":
-            self._unheard_turns.append(turn)  # recorded once its first frame plays (or the next turn)
-        else:
-            self._records.append(turn)
-
-    def _record_unheard(self) -> None:
-        self._records.extend(self._unheard_turns)
-        self._unheard_turns.clear()
+    # -- bookkeeping ----------------------------------------------------------------------------------
 
     def _trim_responses(self) -> None:
         while len(self._responses) > 64:
