@@ -16,16 +16,27 @@ test: setup
 bench: setup
 	$(VENV)/bin/python bench/receive.py
 	$(VENV)/bin/python bench/call_latency.py
+	$(VENV)/bin/python bench/file_input_memory.py
 
-# libopus0: the Opus codec discord.py loads; libportaudio2: microphone/speaker for `talk`.
+# libopus0: the Opus codec discord.py loads; libportaudio2: microphone/speaker for `talk`;
+# espeak-ng: real speech for the tests. apt is skipped entirely when all are present, and waits
+# (up to 2 minutes) for another process's apt/dpkg lock instead of failing at once.
+APT := apt-get -o DPkg::Lock::Timeout=120 -qq
 system-deps:
 	@missing=""; \
 	ldconfig -p 2>/dev/null | grep -q 'libopus.so.0' || missing="$$missing libopus0"; \
 	ldconfig -p 2>/dev/null | grep -q 'libportaudio.so.2' || missing="$$missing libportaudio2"; \
-	if [ -n "$$missing" ]; then \
-		echo "installing$$missing"; \
-		apt-get update && apt-get install -y $$missing; \
-	fi
+	command -v espeak-ng >/dev/null 2>&1 || missing="$$missing espeak-ng"; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
+		echo "missing system packages:$$missing (install them; set-up only installs them as root with apt-get)"; \
+		exit 0; \
+	fi; \
+	echo "installing$$missing"; export DEBIAN_FRONTEND=noninteractive; \
+	retry() { for try in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24; do \
+		"$$@" && return 0; echo "apt is busy or failed (try $$try of 24); retrying in 5 s"; sleep 5; \
+	done; return 1; }; \
+	retry $(APT) update && retry $(APT) install -y $$missing
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)

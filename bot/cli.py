@@ -1,48 +1,93 @@
-"""The `switchboard` command line."""
+"""The `switchboard` command line.
+
+Every command reads and validates the settings the same way (`bot.environment`, `bot.settings`);
+a malformed setting stops every command but `doctor`, which lists it with everything else.
+
+Exit codes: 0 done, 1 provider/network failure (doctor: a check failed), 2 usage or configuration,
+3 `talk --timeout`, 130 interrupted (Ctrl-C; 143 for SIGTERM).
+"""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-
-from dotenv import load_dotenv
+from collections.abc import Mapping
+from pathlib import Path
 
 from voice import __version__
 
 from . import doctor, talk
-from .settings import Settings
+from .environment import DEFAULT_ENV_FILE, EnvFileError, read_variables
+from .settings import SettingsReport, check_settings
+
+EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="switchboard",
         description="Switchboard: a Discord voice presence for your agent.",
+        epilog="Exit codes: 0 done, 1 provider/network failure (doctor: a check failed), 2 usage or "
+               "configuration, 3 talk --timeout, 130 interrupted.",
     )
     parser.add_argument("--version", action="version", version=f"switchboard {__version__}")
-    parser.add_argument("--env-file", default=".env", help="dotenv file to load (default: .env)")
+    parser.add_argument("--env-file", type=Path, default=None, metavar="FILE",
+                        help="dotenv file to load; it must exist (default: ./.env when it exists)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("doctor", help="read-only diagnostics: Python, libopus, davey, which settings are set")
+    sub.add_parser("doctor", help="read-only diagnostics: Python, libopus, davey, audio, settings, the key")
     talk.add_parser(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """Run one command; `environ` stands in for the process environment (tests)."""
+    try:
+        return _main(argv, environ)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    load_dotenv(args.env_file, override=False)
-    settings = Settings.from_env()
+    try:
+        variables = read_variables(args.env_file, environ)
+    except EnvFileError as exc:
+        print(f"switchboard: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    report = check_settings(variables)
     if args.command == "doctor":
-        checks = doctor.run_checks(settings)
+        checks = doctor.run_checks(report, _env_source(args.env_file))
         print(doctor.render(checks))
-        return 0 if all(c.ok for c in checks) else 1
+        return doctor.exit_code(checks)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if not _settings_usable(report, args.command):
+        return EXIT_USAGE
     if args.command == "talk":
-        return talk.run(settings, args)
-    parser.print_help()
-    return 0
+        return talk.run(report.settings, args)
+    raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
+
+
+def _settings_usable(report: SettingsReport, command: str) -> bool:
+    """Print what doctor would print about the settings; False when the command must stop."""
+    for line in report.problems:
+        print(f"switchboard {command}: {line}", file=sys.stderr)
+    for line in report.notices + report.ignored:
+        print(f"switchboard {command}: warning: {line}", file=sys.stderr)
+    return not report.problems
+
+
+def _env_source(env_file: Path | None) -> str:
+    path = env_file if env_file is not None else DEFAULT_ENV_FILE
+    if env_file is None and not path.exists():
+        return f"{path} absent; the environment only (see .env.example)"
+    return f"{path} (the environment wins over it)"
 
 
 if __name__ == "__main__":  # pragma: no cover

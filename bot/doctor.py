@@ -1,36 +1,112 @@
-"""`switchboard doctor`: read-only diagnostics. Names settings, never prints their values."""
+"""`switchboard doctor`: read-only diagnostics. Names settings, never prints their values.
+
+Every row that can fail says what to do. `BAD` rows make doctor exit 1; `warn` rows (an optional
+feature that is unavailable, an ignored variable) do not.
+"""
 
 from __future__ import annotations
 
-import ctypes.util
+import ctypes
+import os
 import platform
+import shlex
+import shutil
 import sys
 from dataclasses import dataclass
+from typing import Literal
 
-from .settings import Settings
+from voice.providers import PROVIDERS
+
+from .settings import KEY_VARIABLES, SettingsError, SettingsReport, key_variable, realtime_api_key
+
+Status = Literal["ok", "warn", "bad"]
+PY = shlex.quote(sys.executable)  # this venv's Python: `pip`/`python` on PATH may be another
+_LABEL = {"ok": "ok  ", "warn": "warn", "bad": "BAD "}
 
 
 @dataclass
 class Check:
     name: str
-    ok: bool
+    status: Status
     detail: str
 
+    @property
+    def ok(self) -> bool:
+        return self.status != "bad"
 
-def run_checks(settings: Settings) -> list[Check]:
+
+def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
     checks = [_python(), _libopus(), _davey(), _nacl(), _terminal_audio()]
-    checks.append(Check("settings", not settings.problems,
-                        "; ".join(settings.problems) or "parsed without problems"))
-    names = ", ".join(settings.present) or "none (defaults in use; see .env.example)"
-    checks.append(Check("settings present", True, names))
-    ops = len(settings.operator_user_ids)
-    checks.append(Check("operators", True, f"{ops} configured" if ops else "none: nobody may run mutating tools"))
+    if env_source:
+        checks.append(Check("env file", "ok", env_source))
+    checks += [Check("settings", "bad", problem) for problem in report.problems]
+    if not report.problems:
+        checks.append(Check("settings", "ok", "parsed without problems"))
+    checks += [Check("settings", "warn", line) for line in report.ignored]
+    names = ", ".join(report.settings.present) or "none (defaults in use; see .env.example)"
+    checks.append(Check("settings present", "ok", names))
+    checks.append(_provider_key(report))
+    checks.append(_operators(report))
     return checks
+
+
+def command_name() -> str:
+    """How to run this very switchboard again: `switchboard` when that is the one on PATH."""
+    script = os.path.realpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if os.path.basename(script) == "switchboard":
+        on_path = shutil.which("switchboard")
+        return "switchboard" if on_path and os.path.realpath(on_path) == script else shlex.quote(sys.argv[0])
+    return f"{PY} -m bot"
+
+
+def wav_hint() -> str:
+    return f"{command_name()} talk --input-wav IN.wav --output-wav OUT.wav"
+
+
+def exit_code(checks: list[Check]) -> int:
+    return 0 if all(c.ok for c in checks) else 1
+
+
+def render(checks: list[Check]) -> str:
+    width = max(len(c.name) for c in checks)
+    return "\n".join(f"{_LABEL[c.status]}  {c.name:<{width}}  {c.detail}" for c in checks)
+
+
+# -- settings rows -----------------------------------------------------------------------------------
+
+
+def _provider_key(report: SettingsReport) -> Check:
+    if "SWITCHBOARD_PROVIDER" in report.failed:
+        return Check("provider key", "bad", "not checked: fix SWITCHBOARD_PROVIDER first (use "
+                     f"{' or '.join(PROVIDERS)})")
+    settings = report.settings
+    failed_keys = [n for n in KEY_VARIABLES[settings.provider] if n in report.failed]
+    if failed_keys:
+        return Check("provider key", "bad", f"{failed_keys[0]} is malformed (see above)")
+    try:
+        realtime_api_key(settings)
+    except SettingsError as exc:
+        return Check("provider key", "bad", str(exc))
+    return Check("provider key", "ok", f"{settings.provider} key from {key_variable(settings)} (value not shown)")
+
+
+def _operators(report: SettingsReport) -> Check:
+    if report.notices:
+        return Check("operators", "bad", "; ".join(report.notices))
+    ops = len(report.settings.operator_user_ids)
+    if ops:
+        return Check("operators", "ok", f"{ops} configured")
+    return Check("operators", "ok", "none: nobody may run mutating tools (set SWITCHBOARD_OPERATOR_USER_IDS "
+                 "to Discord user IDs to allow someone)")
+
+
+# -- the machine -------------------------------------------------------------------------------------
 
 
 def _python() -> Check:
     ok = sys.version_info >= (3, 11)
-    return Check("python", ok, f"{platform.python_version()} ({'ok' if ok else 'needs 3.11 or newer'})")
+    return Check("python", "ok" if ok else "bad",
+                 platform.python_version() + ("" if ok else ": needs 3.11 or newer"))
 
 
 def _libopus() -> Check:
@@ -39,48 +115,45 @@ def _libopus() -> Check:
 
         lib = load_libopus()
         OpusDecoder()
-        version = ctypes.c_char_p
-        lib.opus_get_version_string.restype = version
-        return Check("libopus", True, lib.opus_get_version_string().decode())
+        lib.opus_get_version_string.restype = ctypes.c_char_p
+        return Check("libopus", "ok", lib.opus_get_version_string().decode())
     except Exception as exc:
-        hint = "install it: apt-get install -y libopus0 (Debian/Ubuntu)"
-        found = ctypes.util.find_library("opus")
-        return Check("libopus", False, f"not loadable ({exc}); {hint}" + ("" if found else ""))
+        return Check("libopus", "bad", f"not loadable ({exc}); install it: apt-get install -y libopus0 "
+                     "(Debian/Ubuntu)")
 
 
 def _davey() -> Check:
     try:
         import davey
 
-        return Check("davey", True, f"{davey.__version__} (DAVE protocol v{davey.DAVE_PROTOCOL_VERSION})")
+        return Check("davey", "ok", f"{davey.__version__} (DAVE protocol v{davey.DAVE_PROTOCOL_VERSION})")
     except Exception as exc:
-        return Check("davey", False, f"not importable ({exc}); pip install davey==0.1.7")
+        return Check("davey", "bad", f"not importable ({exc}); {PY} -m pip install davey==0.1.7")
 
 
 def _nacl() -> Check:
     try:
         import nacl
 
-        return Check("pynacl", True, nacl.__version__)
+        return Check("pynacl", "ok", nacl.__version__)
     except Exception as exc:
-        return Check("pynacl", False, f"not importable ({exc})")
+        return Check("pynacl", "bad", f"not importable ({exc}); {PY} -m pip install PyNaCl==1.5.0")
 
 
 def _terminal_audio() -> Check:
-    """Informational: `talk` on the terminal needs sounddevice, PortAudio and a device."""
+    """Optional: `talk` on the terminal needs sounddevice, PortAudio and an input and output device."""
     try:
         import sounddevice
 
         devices = sounddevice.query_devices()
-        inputs = sum(1 for d in devices if d.get("max_input_channels", 0) > 0)
-        outputs = sum(1 for d in devices if d.get("max_output_channels", 0) > 0)
-        return Check("terminal audio", True, f"PortAudio ok, {inputs} input / {outputs} output devices"
-                     + ("" if inputs and outputs else " (talk needs both; --input-wav works without)"))
     except Exception as exc:
-        return Check("terminal audio", True, f"unavailable ({type(exc).__name__}); for `talk` on a microphone: "
-                     "pip install '.[audio]' and apt-get install -y libportaudio2")
-
-
-def render(checks: list[Check]) -> str:
-    width = max(len(c.name) for c in checks)
-    return "\n".join(f"{'ok ' if c.ok else 'BAD'}  {c.name:<{width}}  {c.detail}" for c in checks)
+        return Check("terminal audio", "warn", f"unavailable ({type(exc).__name__}); for `talk` on a microphone: "
+                     f"{PY} -m pip install '.[audio]' and apt-get install -y libportaudio2; "
+                     f"without audio devices: {wav_hint()}")
+    inputs = sum(1 for d in devices if d.get("max_input_channels", 0) > 0)
+    outputs = sum(1 for d in devices if d.get("max_output_channels", 0) > 0)
+    counts = f"{inputs} input / {outputs} output device{'s' if outputs != 1 else ''}"
+    if inputs and outputs:
+        return Check("terminal audio", "ok", f"PortAudio, {counts}")
+    return Check("terminal audio", "warn", f"PortAudio, but {counts}: `talk` on the terminal needs both "
+                 f"(list them: {PY} -m sounddevice); without audio devices: {wav_hint()}")

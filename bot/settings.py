@@ -1,158 +1,343 @@
-"""One typed settings object, parsed once from the environment (python-dotenv loads `.env`).
+"""One typed settings model (pydantic-settings) that every command validates the same way.
 
-Security settings parse fail-closed: a set-but-blank or malformed value authorises nobody and is
-reported as a problem, never silently widened. Secret values are wrapped in `Secret`, whose str/repr
-never shows the value.
+Values come from `bot.environment.read_variables`: the process environment over the dotenv file,
+merged per variable and stripped, a blank value counting as unset (see that module for the two
+exceptions). `check_settings` validates them once and returns every problem, each naming the
+variable and quoting the value (secrets: never the value); the CLI stops every command on any
+problem and `doctor` prints the same lines. Secrets are `SecretStr`, which never prints itself.
+
+Fail-closed, and the one setting that warns rather than stops: SWITCHBOARD_OPERATOR_USER_IDS unset,
+blank or with any malformed entry authorises nobody; a malformed value is a notice (doctor reports
+it and fails; commands that do not use it go on).
 """
 
 from __future__ import annotations
 
-import os
+import difflib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-PROVIDERS = ("openai", "xai")
+from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from voice.providers import (
+    DEFAULT_MODEL,
+    DEFAULT_VOICE,
+    PROVIDERS,
+    ProviderConfigError,
+    check_model,
+    check_voice,
+)
+from voice.providers.endpoint import check_key_endpoint, check_realtime_url, display_url
+
+from . import setting_rules as rules
+
 ENDPOINTING_MODES = ("server", "local")
 IDENTITY_SECTIONS = ("persona", "memory")
-DEFAULT_MODEL = {"openai": "gpt-realtime-2.1-mini", "xai": "grok-voice-latest"}
-DEFAULT_VOICE = {"openai": "marin", "xai": "Ara"}
-_SNOWFLAKE = re.compile(r"^[1-9][0-9]{15,19}$")
+AGENT_LANES = ("hermes-api", "command")
+DEFAULT_AGENT_COMMAND = "hermes -z {task}"
+OPERATORS = "SWITCHBOARD_OPERATOR_USER_IDS"
 
-
-class Secret:
-    """A secret string that never prints itself."""
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def reveal(self) -> str:
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('***')"
-
-    __str__ = __repr__
-
-    def __bool__(self) -> bool:
-        return bool(self._value)
+# Every variable a secret may come from: their values are never shown, in any message.
+SECRET_VARIABLES = frozenset({
+    "DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN", "SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY",
+    "XAI_API_KEY", "SWITCHBOARD_HERMES_API_KEY", "API_SERVER_KEY",
+})
+URL_VARIABLES = frozenset({"SWITCHBOARD_REALTIME_URL", "SWITCHBOARD_HERMES_API_URL"})
+KEY_VARIABLES = {"openai": ("SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY"), "xai": ("XAI_API_KEY",)}
 
 
 class SettingsError(ValueError):
-    """A setting is present but unusable; the message names the variable and what to do."""
+    """Settings are unusable. `problems` holds one line per problem, each naming its variable."""
+
+    def __init__(self, problems: tuple[str, ...] | list[str] | str) -> None:
+        self.problems = (problems,) if isinstance(problems, str) else tuple(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class Settings(BaseSettings):
+    """Everything Switchboard reads from its environment, validated. Build it with `check_settings`
+    or `Settings.from_env`; the field names are the code's, the aliases the variables'."""
+
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", frozen=True, validate_default=True)
+
+    # -- the call ---------------------------------------------------------------------------------
+    home: Path = Field(Path("~/.switchboard"), validation_alias="SWITCHBOARD_HOME")
+    provider: str = Field("openai", validation_alias="SWITCHBOARD_PROVIDER")
+    realtime_url: str | None = Field(None, validation_alias="SWITCHBOARD_REALTIME_URL")
+    model: str = Field("", validation_alias="SWITCHBOARD_MODEL")
+    voice: str = Field("", validation_alias="SWITCHBOARD_VOICE")
+    endpointing: str = Field("server", validation_alias="SWITCHBOARD_ENDPOINTING")
+    identity_include: tuple[str, ...] = Field(IDENTITY_SECTIONS, validation_alias="SWITCHBOARD_IDENTITY_INCLUDE")
+    latency_log: Path | None = Field(None, validation_alias="SWITCHBOARD_LATENCY_LOG")
+    openai_api_key: SecretStr | None = Field(None, validation_alias=AliasChoices(*KEY_VARIABLES["openai"]))
+    xai_api_key: SecretStr | None = Field(None, validation_alias="XAI_API_KEY")
+
+    # -- Discord ----------------------------------------------------------------------------------
+    discord_token: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN"))
+    operator_user_ids: frozenset[int] = Field(frozenset(), validation_alias=OPERATORS)
+    guild_ids: frozenset[int] = Field(frozenset(), validation_alias="SWITCHBOARD_GUILD_IDS")
+    runs_channel_id: int | None = Field(None, validation_alias="SWITCHBOARD_RUNS_CHANNEL_ID")
+    idle_leave_s: float = Field(120.0, validation_alias="SWITCHBOARD_IDLE_LEAVE_S")
+    deaf_after_s: float = Field(5.0, validation_alias="SWITCHBOARD_DEAF_SECONDS")
+
+    # -- background runs ---------------------------------------------------------------------------
+    agent_lanes: tuple[str, ...] = Field(AGENT_LANES, validation_alias="SWITCHBOARD_AGENT_LANES")
+    hermes_api_url: str = Field("http://127.0.0.1:8642", validation_alias="SWITCHBOARD_HERMES_API_URL")
+    hermes_api_key: SecretStr | None = Field(
+        None, validation_alias=AliasChoices("SWITCHBOARD_HERMES_API_KEY", "API_SERVER_KEY"))
+    agent_command: tuple[str, ...] = Field(DEFAULT_AGENT_COMMAND, validation_alias="SWITCHBOARD_AGENT_COMMAND")
+    agent_profile: str | None = Field(None, validation_alias="SWITCHBOARD_AGENT_PROFILE")
+    agent_timeout_s: float = Field(1800.0, validation_alias="SWITCHBOARD_AGENT_TIMEOUT_S")
+
+    # -- where the values came from (names only) ---------------------------------------------------
+    present: tuple[str, ...] = ()
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        # The variables arrive already merged (environment over .env, per variable): pydantic-settings'
+        # own sources would pick a fallback name per source, so a shared key in the environment would
+        # beat the scoped one in .env.
+        return (init_settings,)
+
+    @classmethod
+    def from_env(cls, variables: Mapping[str, str]) -> Settings:
+        """Validate `variables` (see `bot.environment`); raise SettingsError listing every problem."""
+        report = check_settings(variables)
+        if report.problems:
+            raise SettingsError(report.problems)
+        return report.settings
+
+    def agent_argv(self, task: str) -> list[str]:
+        """SWITCHBOARD_AGENT_COMMAND for `task`: argv with `{task}` replaced, never through a shell."""
+        return [part.replace("{task}", task) for part in self.agent_command]
+
+    # -- validators: each raises ValueError with what to do; check_settings adds the variable ------
+
+    @field_validator("home", mode="before")
+    @classmethod
+    def _home(cls, value: Any) -> Path:
+        return Path(value).expanduser()
+
+    @field_validator("latency_log", mode="before")
+    @classmethod
+    def _latency_log(cls, value: Any) -> Path | None:
+        return None if value is None else Path(value).expanduser()
+
+    @field_validator("provider", mode="before")
+    @classmethod
+    def _provider(cls, value: Any) -> str:
+        return rules.one_of(value, tuple(PROVIDERS), "a provider")
+
+    @field_validator("endpointing", mode="before")
+    @classmethod
+    def _endpointing(cls, value: Any) -> str:
+        return rules.one_of(value, ENDPOINTING_MODES, "an endpointing mode")
+
+    @field_validator("realtime_url", mode="before")
+    @classmethod
+    def _realtime_url(cls, value: Any) -> str | None:
+        return None if value is None else rules.endpoint(check_realtime_url, value)
+
+    @field_validator("hermes_api_url", mode="before")
+    @classmethod
+    def _hermes_api_url(cls, value: Any) -> str:
+        return rules.endpoint(lambda url: check_key_endpoint(url, tls="https"), value).rstrip("/")
+
+    @field_validator("model", mode="before")
+    @classmethod
+    def _model(cls, value: Any, info: ValidationInfo) -> str:
+        provider = info.data.get("provider")
+        if provider is None:
+            return str(value)  # the provider is already a problem; nothing to check against
+        model = str(value) or DEFAULT_MODEL[provider]
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:-]*", model):
+            raise ValueError("is not a model name (letters, digits and . _ : - only)")
+        _provider_accepts(check_model, provider, model)
+        return model
+
+    @field_validator("voice", mode="before")
+    @classmethod
+    def _voice(cls, value: Any, info: ValidationInfo) -> str:
+        provider = info.data.get("provider")
+        if provider is None:
+            return str(value)
+        spelled = {v.lower(): v for v in PROVIDERS[provider].voices}
+        voice = spelled.get(str(value).lower(), str(value)) or DEFAULT_VOICE[provider]
+        _provider_accepts(check_voice, provider, voice)
+        return voice
+
+    @field_validator("identity_include", mode="before")
+    @classmethod
+    def _identity_include(cls, value: Any) -> tuple[str, ...]:
+        if isinstance(value, str) and value.strip().lower() == "none":
+            return ()
+        return rules.choices(value, IDENTITY_SECTIONS, "section", also="or none")
+
+    @field_validator("agent_lanes", mode="before")
+    @classmethod
+    def _agent_lanes(cls, value: Any) -> tuple[str, ...]:
+        lanes = rules.choices(value, AGENT_LANES, "lane")
+        if not lanes:
+            raise ValueError(f"names no lane; use {','.join(AGENT_LANES)} or one of them")
+        return lanes
+
+    @field_validator("deaf_after_s", "idle_leave_s", "agent_timeout_s", mode="before")
+    @classmethod
+    def _seconds(cls, value: Any) -> float:
+        return rules.positive_seconds(value)
+
+    @field_validator("operator_user_ids", mode="before")
+    @classmethod
+    def _operators(cls, value: Any) -> frozenset[int]:
+        return value if isinstance(value, frozenset) else parse_operator_ids(value)[0]  # fail-closed
+
+    @field_validator("guild_ids", mode="before")
+    @classmethod
+    def _guild_ids(cls, value: Any) -> frozenset[int]:
+        return value if isinstance(value, frozenset) else rules.snowflakes(value)
+
+    @field_validator("runs_channel_id", mode="before")
+    @classmethod
+    def _runs_channel(cls, value: Any) -> int | None:
+        return None if value is None else rules.snowflake(value)
+
+    @field_validator("agent_command", mode="before")
+    @classmethod
+    def _agent_command(cls, value: Any) -> tuple[str, ...]:
+        return value if isinstance(value, tuple) else rules.command_template(value, "{task}")
+
+    @field_validator("openai_api_key", "xai_api_key", "discord_token", "hermes_api_key", mode="before")
+    @classmethod
+    def _secret(cls, value: Any, info: ValidationInfo) -> SecretStr | None:
+        text = value.get_secret_value() if isinstance(value, SecretStr) else value
+        if text is None:
+            return None
+        rules.check_token(text)
+        if not text and info.field_name != "openai_api_key":
+            return None  # a blank first name means none; realtime_api_key explains a blank OpenAI key
+        return SecretStr(text)
 
 
 @dataclass(frozen=True)
-class Settings:
-    home: Path
-    provider: str = "openai"
-    realtime_url: str | None = None
-    model: str = DEFAULT_MODEL["openai"]
-    voice: str = DEFAULT_VOICE["openai"]
-    endpointing: str = "server"
-    identity_include: tuple[str, ...] = IDENTITY_SECTIONS
-    latency_log: Path | None = None
-    deaf_after_s: float = 5.0
-    discord_token: Secret | None = None
-    operator_user_ids: frozenset[int] = frozenset()
+class SettingsReport:
+    """The outcome of validating once.
+
+    `problems` stop every command; `notices` (a malformed fail-closed setting) and `ignored`
+    (unknown SWITCHBOARD_* names) do not. `failed` names the variables with a problem; in
+    `settings` each of them is replaced by its default, so the object is still usable for display.
+    """
+
+    settings: Settings
     problems: tuple[str, ...] = ()
-    present: tuple[str, ...] = ()
-    env: Mapping[str, str] = field(default_factory=dict, repr=False)
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
-        """Parse settings; unusable values are recorded in `problems` and fall back fail-closed."""
-        env = dict(os.environ if env is None else env)
-        problems: list[str] = []
-        home = Path(env.get("SWITCHBOARD_HOME") or "~/.switchboard").expanduser()
-
-        provider = (env.get("SWITCHBOARD_PROVIDER") or "openai").strip().lower()
-        if provider not in PROVIDERS:
-            problems.append(f"SWITCHBOARD_PROVIDER={provider!r} is not one of {', '.join(PROVIDERS)}")
-            provider = "openai"
-
-        endpointing = (env.get("SWITCHBOARD_ENDPOINTING") or "server").strip().lower()
-        if endpointing not in ENDPOINTING_MODES:
-            problems.append(f"SWITCHBOARD_ENDPOINTING must be 'server' or 'local', not {endpointing!r}")
-            endpointing = "server"
-
-        include_raw = env.get("SWITCHBOARD_IDENTITY_INCLUDE")
-        if include_raw is None:
-            include = IDENTITY_SECTIONS
-        else:
-            names = tuple(n.strip().lower() for n in include_raw.split(",") if n.strip())
-            unknown = [n for n in names if n not in IDENTITY_SECTIONS]
-            if unknown:
-                problems.append(f"SWITCHBOARD_IDENTITY_INCLUDE has unknown sections {unknown}; "
-                                f"use any of {', '.join(IDENTITY_SECTIONS)}")
-            include = tuple(n for n in names if n in IDENTITY_SECTIONS)
-
-        deaf = 5.0
-        if env.get("SWITCHBOARD_DEAF_SECONDS"):
-            try:
-                deaf = float(env["SWITCHBOARD_DEAF_SECONDS"])
-                if deaf <= 0:
-                    raise ValueError
-            except ValueError:
-                problems.append("SWITCHBOARD_DEAF_SECONDS must be a positive number of seconds")
-                deaf = 5.0
-
-        operators, op_problem = parse_operator_ids(env.get("SWITCHBOARD_OPERATOR_USER_IDS"))
-        if op_problem:
-            problems.append(op_problem)
-
-        token = env.get("SWITCHBOARD_DISCORD_TOKEN")
-        latency = env.get("SWITCHBOARD_LATENCY_LOG")
-        present = tuple(sorted(k for k in env if k.startswith("SWITCHBOARD_") or k in _SHARED_KEYS))
-        return cls(
-            home=home,
-            provider=provider,
-            realtime_url=(env.get("SWITCHBOARD_REALTIME_URL") or None),
-            model=(env.get("SWITCHBOARD_MODEL") or DEFAULT_MODEL[provider]).strip(),
-            voice=(env.get("SWITCHBOARD_VOICE") or DEFAULT_VOICE[provider]).strip(),
-            endpointing=endpointing,
-            identity_include=include,
-            latency_log=Path(latency).expanduser() if latency else None,
-            deaf_after_s=deaf,
-            discord_token=Secret(token) if token else None,
-            operator_user_ids=operators,
-            problems=tuple(problems),
-            present=present,
-            env=env,
-        )
+    notices: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+    failed: frozenset[str] = frozenset()
 
 
-_SHARED_KEYS = ("OPENAI_API_KEY", "XAI_API_KEY")
+def check_settings(variables: Mapping[str, str]) -> SettingsReport:
+    """Validate `variables` with the one model; collect every problem and notice."""
+    known = {name: value for name, value in variables.items() if name in ALL_VARIABLES}
+    present = tuple(sorted(known))
+    problems: list[str] = []
+    failed: set[str] = set()
+    for _ in range(len(known) + 1):
+        try:
+            settings = Settings(**known, present=present)
+            break
+        except ValidationError as exc:
+            names = {str(err["loc"][0]) if err["loc"] else "" for err in exc.errors()}
+            if not problems:  # later passes only see what the defaults standing in for bad values cause
+                problems, failed = [_describe(err) for err in exc.errors()], names
+            known = {name: value for name, value in known.items() if name not in names}
+    else:  # pragma: no cover - every pass drops at least one variable
+        settings = Settings(present=present)
+    _, operators = parse_operator_ids(variables.get(OPERATORS))
+    return SettingsReport(settings, tuple(problems), (operators,) if operators else (),
+                          _unknown(variables), frozenset(failed))
 
 
 def parse_operator_ids(raw: str | None) -> tuple[frozenset[int], str | None]:
     """Immutable Discord user IDs, comma separated. Unset, blank or any malformed entry -> nobody."""
-    if raw is None:
+    if raw is None or not raw.strip():
         return frozenset(), None
-    parts = [p.strip() for p in raw.split(",")]
-    if not raw.strip() or any(not _SNOWFLAKE.match(p) for p in parts):
-        return frozenset(), ("SWITCHBOARD_OPERATOR_USER_IDS is blank or malformed, so nobody may run "
-                             "mutating tools; set it to comma-separated numeric Discord user IDs")
-    return frozenset(int(p) for p in parts), None
+    try:
+        return rules.snowflakes(raw), None
+    except ValueError as exc:
+        return frozenset(), (f"{OPERATORS}={raw!r}: {exc}, so nobody may run mutating tools; set it to "
+                             "comma-separated numeric Discord user IDs")
 
 
-def realtime_api_key(settings: Settings) -> Secret:
+def key_variable(settings: Settings) -> str | None:
+    """Which variable the provider key comes from (the first one set), or None."""
+    return next((name for name in KEY_VARIABLES[settings.provider] if name in settings.present), None)
+
+
+def realtime_api_key(settings: Settings) -> SecretStr:
     """The provider key, resolved fail-closed. Raises SettingsError naming the variable to set.
 
     OpenAI: SWITCHBOARD_OPENAI_API_KEY, then OPENAI_API_KEY; a set-but-blank first variable refuses
     rather than falling through to the shared key. xAI: XAI_API_KEY.
     """
-    env = settings.env
-    names = ("SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY") if settings.provider == "openai" else ("XAI_API_KEY",)
-    for name in names:
-        if name in env:
-            value = env[name].strip()
-            if not value:
-                raise SettingsError(f"{name} is set but blank; put your key there, or unset it"
-                                    + (" to use OPENAI_API_KEY" if name == "SWITCHBOARD_OPENAI_API_KEY" else ""))
-            return Secret(value)
-    raise SettingsError(f"no API key for provider {settings.provider!r}: set {' or '.join(names)} "
-                        "(in the environment or .env)")
+    names = KEY_VARIABLES[settings.provider]
+    name = key_variable(settings)
+    key = settings.openai_api_key if settings.provider == "openai" else settings.xai_api_key
+    if name is None or key is None:
+        other = next((n for p, ns in KEY_VARIABLES.items() if p != settings.provider for n in ns
+                      if n in settings.present), None)
+        hint = f"; {other} is set — did you mean SWITCHBOARD_PROVIDER={_provider_of(other)}?" if other else ""
+        raise SettingsError(f"no API key for provider {settings.provider!r}: set {' or '.join(names)} "
+                            f"(in the environment or .env){hint}")
+    if not key.get_secret_value():
+        raise SettingsError(f"{name} is set but blank; put your key there, or unset it"
+                            + (" to use OPENAI_API_KEY" if name == "SWITCHBOARD_OPENAI_API_KEY" else ""))
+    return key
+
+
+# -- helpers -----------------------------------------------------------------------------------------
+
+ALL_VARIABLES = frozenset(
+    name
+    for field in Settings.model_fields.values()
+    for name in (field.validation_alias.choices if isinstance(field.validation_alias, AliasChoices)
+                 else [field.validation_alias] if field.validation_alias else [])
+)
+
+
+def _provider_accepts(check, provider: str, value: str) -> None:
+    try:
+        check(provider, value)
+    except ProviderConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+def _provider_of(variable: str) -> str:
+    return next(p for p, names in KEY_VARIABLES.items() if variable in names)
+
+
+def _describe(err: Any) -> str:
+    """One line: the variable, its value (never a secret's; a URL without userinfo or query), why."""
+    name = str(err["loc"][0]) if err["loc"] else "settings"
+    reason = str(err["msg"]).removeprefix("Value error, ")
+    value = err.get("input")
+    if name in SECRET_VARIABLES:
+        return f"{name} (value not shown): {reason}"
+    if not isinstance(value, str):
+        return f"{name}: {reason}"
+    shown = display_url(value) if name in URL_VARIABLES else rules.clip(value)
+    return f"{name}={shown!r}: {reason}"
+
+
+def _unknown(variables: Mapping[str, str]) -> tuple[str, ...]:
+    lines = []
+    for name in sorted(variables):
+        if name.startswith("SWITCHBOARD_") and name not in ALL_VARIABLES:
+            close = difflib.get_close_matches(name, sorted(ALL_VARIABLES), n=1)
+            lines.append(f"{name} is not a Switchboard setting and is ignored"
+                         + (f"; did you mean {close[0]}?" if close else "; see .env.example"))
+    return tuple(lines)

@@ -1,9 +1,19 @@
-"""`switchboard talk`: the call engine on the terminal's microphone and speaker, or on WAV files."""
+"""`switchboard talk`: the call engine on the terminal's microphone and speaker, or on WAV files.
+
+Everything a user can get wrong — the key, the provider, IN.wav, where OUT.wav and the metrics go —
+is checked before the call starts and reported in one line with exit code 2. Exit codes: 0 done,
+1 the call failed (provider/network), 2 usage or configuration, 3 `--timeout`, 130 Ctrl-C in file
+mode (143 SIGTERM). On the terminal, Ctrl-C is how a call ends: exit 0.
+"""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
+import math
+import os
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -12,92 +22,182 @@ from voice.audio import AudioFileError
 from voice.call import CallOptions
 from voice.engine import CallEngine, CallFailed
 from voice.identity import build_identity
-from voice.providers import ProviderConfigError, make_provider
+from voice.providers import ProviderConfigError, RealtimeProvider, make_provider
 from voice.telemetry import Telemetry
 from voice.tools import ToolCatalogue
 from voice.vad import VadConfig
 
+from .doctor import wav_hint
 from .settings import Settings, SettingsError, realtime_api_key
 
 log = logging.getLogger(__name__)
+
+EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 3
 
 
 def add_parser(sub) -> None:
     talk = sub.add_parser("talk", help="talk with the assistant: microphone and speaker, or WAV in / WAV out")
     talk.add_argument("--input-wav", type=Path, help="feed this WAV as if spoken (any rate/channels)")
     talk.add_argument("--output-wav", type=Path, help="write what the assistant says here (24 kHz mono)")
-    talk.add_argument("--metrics-json", type=Path, help="write per-turn latency records here (JSON lines)")
-    talk.add_argument("--timeout", type=float, default=None, help="give up after this many seconds")
+    talk.add_argument("--metrics-json", type=Path, help="append per-turn latency records here (JSON lines)")
+    talk.add_argument("--timeout", type=positive_seconds, default=None, metavar="SECONDS",
+                      help="give up after this many seconds (exit 3); default: no limit")
     talk.add_argument("--endpointing", choices=("server", "local"), help="override SWITCHBOARD_ENDPOINTING")
     talk.add_argument("--no-echo-gate", action="store_true", help="terminal: do not suppress speaker echo")
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds greater than 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds (e.g. 60); "
+                                         "leave --timeout out for no limit")
+    return seconds
 
 
 def run(settings: Settings, args) -> int:
     try:
         return asyncio.run(_talk(settings, args))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # before the signal handlers were installed
         return 130
 
 
+class Refusal(Exception):
+    """A mistake found before the call starts; the message is the one line to print (exit 2)."""
+
+
 async def _talk(settings: Settings, args) -> int:
-    if bool(args.input_wav) != bool(args.output_wav):
-        print("switchboard talk: --input-wav and --output-wav go together", file=sys.stderr)
-        return 2
     try:
-        key = realtime_api_key(settings)
-        provider = make_provider(settings.provider, api_key=key.reveal(), model=settings.model,
-                                 voice=settings.voice, url=settings.realtime_url)
-    except (SettingsError, ProviderConfigError) as exc:
-        print(f"switchboard talk: {exc}", file=sys.stderr)
-        return 2
+        provider, transport, metrics = _prepare(settings, args)
+    except Refusal as exc:
+        return _refuse(str(exc))
+    file_mode = bool(args.input_wav)
     endpointing = args.endpointing or settings.endpointing
-    identity = build_identity(settings.home, settings.identity_include)
-    metrics = args.metrics_json or settings.latency_log
     telemetry = Telemetry(path=metrics)
-    try:
-        transport = _make_transport(args)
-    except (AudioFileError, RuntimeError) as exc:
-        print(f"switchboard talk: {exc}", file=sys.stderr)
-        return 2
-    engine = CallEngine(provider, transport, ToolCatalogue(), identity,
-                        options=CallOptions(endpointing=endpointing, vad=VadConfig()),
-                        telemetry=telemetry, on_transcript=_print_transcript)
+    engine = _build_engine(provider, transport, settings, endpointing, telemetry)
+    signals: list[int] = []
+
+    def on_signal(signum: int) -> None:
+        signals.append(signum)
+        engine.stop()
+
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            loop.add_signal_handler(sig, engine.stop)
-        except (NotImplementedError, RuntimeError):  # pragma: no cover - non-POSIX
-            pass
-    print(f"switchboard talk: {provider.name} {provider.model}, voice {provider.voice}, "
-          f"{endpointing} endpointing" + ("" if args.input_wav else " — Ctrl-C to stop"), file=sys.stderr)
-    if not args.input_wav:
-        hint = getattr(transport, "headphones_hint", None)
-        if callable(hint):
-            print(hint(), file=sys.stderr)
+        loop.add_signal_handler(sig, on_signal, sig)
     try:
-        try:
-            await transport.__aenter__()
-        except RuntimeError as exc:  # e.g. no usable audio device
-            print(f"switchboard talk: {exc}", file=sys.stderr)
-            return 2
-        try:
-            if args.timeout:
-                await asyncio.wait_for(engine.run(), args.timeout)
-            else:
-                await engine.run()
-        finally:
-            await transport.__aexit__(None, None, None)
+        await transport.__aenter__()
+    except RuntimeError as exc:  # e.g. no usable audio device
+        return _refuse(terminal_audio_message(exc))
+    try:
+        print(f"switchboard talk: {provider.name} {provider.model}, voice {provider.voice}, "
+              f"{endpointing} endpointing" + ("" if file_mode else " — Ctrl-C to stop"), file=sys.stderr)
+        if not file_mode and callable(hint := getattr(transport, "headphones_hint", None)):
+            print(hint(), file=sys.stderr)
+        code = await _hold_call(engine, args.timeout)
+    finally:
+        await transport.__aexit__(None, None, None)
+    if signals and code == 0:  # Ctrl-C ends a terminal call normally; a file call it interrupts
+        code = 0 if signals[0] == signal.SIGINT and not file_mode else 128 + signals[0]
+    if file_mode:
+        if code in (EXIT_FAILED, EXIT_TIMEOUT):
+            transport.discard_empty_output()  # a failed call leaves no empty OUT.wav behind
+        else:
+            print(f"switchboard talk: {summary(args.output_wav, transport.output_ms, telemetry.count)}",
+                  file=sys.stderr)
+    return code
+
+
+def _prepare(settings: Settings, args) -> tuple[RealtimeProvider, object, Path | None]:
+    """The provider, the transport and the metrics path, or Refusal for the first mistake found."""
+    if bool(args.input_wav) != bool(args.output_wav):
+        raise Refusal("--input-wav and --output-wav go together")
+    try:
+        key = realtime_api_key(settings)
+        provider = make_provider(settings.provider, api_key=key.get_secret_value(), model=settings.model,
+                                 voice=settings.voice, url=settings.realtime_url)
+    except (SettingsError, ProviderConfigError) as exc:
+        raise Refusal(str(exc)) from None
+    metrics = args.metrics_json or settings.latency_log
+    label = "--metrics-json" if args.metrics_json else "SWITCHBOARD_LATENCY_LOG"
+    if problem := check_outputs(args, metrics, metrics_label=label):
+        raise Refusal(problem)
+    try:
+        return provider, _make_transport(args), metrics
+    except AudioFileError as exc:
+        raise Refusal(str(exc)) from None
+    except RuntimeError as exc:  # terminal audio unavailable
+        raise Refusal(terminal_audio_message(exc)) from None
+
+
+def _build_engine(provider: RealtimeProvider, transport, settings: Settings, endpointing: str,
+                  telemetry: Telemetry) -> CallEngine:
+    identity = build_identity(settings.home, settings.identity_include)
+    return CallEngine(provider, transport, ToolCatalogue(), identity,
+                      options=CallOptions(endpointing=endpointing, vad=VadConfig()),
+                      telemetry=telemetry, on_transcript=_print_transcript)
+
+
+async def _hold_call(engine: CallEngine, timeout: float | None) -> int:
+    try:
+        if timeout is not None:
+            await asyncio.wait_for(engine.run(), timeout)
+        else:
+            await engine.run()
+        return 0
     except TimeoutError:
-        print(f"switchboard talk: stopped after --timeout {args.timeout:g} s", file=sys.stderr)
-        return 3
+        print(f"switchboard talk: stopped after --timeout {timeout:g} s", file=sys.stderr)
+        return EXIT_TIMEOUT
     except CallFailed as exc:
         print(f"switchboard talk: {exc}", file=sys.stderr)
-        return 1
-    if args.output_wav:
-        turns = len(telemetry.recent)
-        print(f"switchboard talk: wrote {transport.output_ms} ms of assistant audio to {args.output_wav} "
-              f"({turns} turn{'s' if turns != 1 else ''})", file=sys.stderr)
-    return 0
+        return EXIT_FAILED
+
+
+def check_outputs(args, metrics: Path | None, metrics_label: str = "--metrics-json") -> str | None:
+    """Why the call's output files cannot be written (one line), or None. Nothing is created."""
+    outputs = [("--output-wav", args.output_wav), (metrics_label, metrics)]
+    for label, path in outputs:
+        if path is not None and (problem := output_problem(path, label)):
+            return problem
+    named = [(label, path) for label, path in [("--input-wav", args.input_wav), *outputs] if path is not None]
+    for i, (label, path) in enumerate(named):
+        for other_label, other in named[i + 1:]:
+            if path.resolve() == other.resolve():
+                return f"{other_label} {other} is the same file as {label}; pick another file name"
+    return None
+
+
+def output_problem(path: Path, label: str) -> str | None:
+    """Why `path` cannot be written as a new or replaced file (one line), or None."""
+    parent = path.parent
+    if path.is_dir():
+        return f"{label} {path}: is a directory; give a file name, e.g. {path / 'answer.wav'}"
+    if not parent.exists():
+        return f"{label} {path}: the directory {parent} does not exist; create it first (mkdir -p {shlex.quote(str(parent))})"
+    if not parent.is_dir():
+        return f"{label} {path}: {parent} is not a directory"
+    writable = os.access(path, os.W_OK) if path.exists() else os.access(parent, os.W_OK | os.X_OK)
+    if not writable:
+        return f"{label} {path}: permission denied; pick a directory you can write to"
+    return None
+
+
+def summary(output: Path, output_ms: int, turns: int) -> str:
+    return f"wrote {output_ms} ms of assistant audio to {output} ({turns} turn{'s' if turns != 1 else ''})"
+
+
+def terminal_audio_message(exc: BaseException) -> str:
+    """The transport's message with commands that work outside the venv, and the no-device way."""
+    text = str(exc).replace("`python -m ", f"`{shlex.quote(sys.executable)} -m ")
+    text = text.replace("`pip install ", f"`{shlex.quote(sys.executable)} -m pip install ")
+    return f"{text}; to try it without audio devices: {wav_hint()}"
+
+
+def _refuse(message: str) -> int:
+    print(f"switchboard talk: {message}", file=sys.stderr)
+    return EXIT_USAGE
 
 
 def _make_transport(args):

@@ -9,12 +9,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import soxr
 
 from voice.audio import (
     SILENCE_DBFS,
     AudioFileError,
     FrameChunker,
+    MonoConverter,
     Resampler,
+    WavReader,
     WavWriter,
     read_wav,
     rms_dbfs,
@@ -143,6 +146,13 @@ def test_corrupt_file_gives_an_actionable_audio_file_error(tmp_path, content):
     assert "bad.wav" in str(err.value) and "ffmpeg" in str(err.value)
 
 
+def test_an_empty_file_says_so_instead_of_empty_parentheses(tmp_path):
+    (tmp_path / "empty.wav").write_bytes(b"")
+    with pytest.raises(AudioFileError) as err:
+        read_wav(tmp_path / "empty.wav")
+    assert "empty.wav: the file is empty (0 bytes)" in str(err.value) and "()" not in str(err.value)
+
+
 def test_float_and_compressed_wavs_are_rejected_with_a_conversion_hint(tmp_path):
     data = np.zeros(10, "<f4").tobytes()
     path = extensible_wav(tmp_path / "f32.wav", data, rate=48_000, channels=1, bits=32, subformat=3)
@@ -241,3 +251,43 @@ def test_frame_chunker_reassembles_arbitrary_pieces_into_exact_frames():
     tail = chunker.flush()
     assert tail is not None and tail == data[len(frames) * 960 :] + bytes(960 - len(data) % 960)
     assert chunker.flush() is None and chunker.push(b"") == []
+
+
+# -- streaming ----------------------------------------------------------------------------------
+
+
+def test_wav_reader_streams_blocks_that_add_up_to_the_whole_file(tmp_path):
+    signal = np.stack([tone(300.0, 1000, 44_100, 0.4), tone(500.0, 1000, 44_100, 0.2)], axis=1)
+    path = write_wav(tmp_path / "in.wav", signal, 44_100, 3)
+    with WavReader(path) as reader:
+        assert (reader.format.channels, reader.format.rate, reader.format.frames) == (2, 44_100, 44_100)
+        assert reader.format.duration_ms == 1000
+        blocks = list(reader.blocks(1000))
+    assert [len(b) for b in blocks] == [1000] * 44 + [100]
+    assert np.array_equal(np.concatenate(blocks), read_wav(path)[0])
+
+
+def test_streaming_conversion_is_identical_to_converting_the_whole_buffer(tmp_path):
+    signal = np.stack([tone(440.0, 1234, 48_000, 0.5), tone(220.0, 1234, 48_000, 0.3)], axis=1)
+    samples, rate = read_wav(write_wav(tmp_path / "in.wav", signal, 48_000, 2))
+    converter = MonoConverter(rate)
+    rng = np.random.default_rng(3)
+    out, pos = bytearray(), 0
+    while pos < len(samples):
+        step = int(rng.integers(1, 7000))
+        out += converter.convert(samples[pos : pos + step])
+        pos += step
+    out += converter.convert(samples[:0], last=True)
+    assert bytes(out) == to_mono_24k(samples, rate)
+
+
+def test_full_scale_input_clips_instead_of_wrapping_around():
+    # a full-scale square wave overshoots after HQ resampling (Gibbs); without a clip before the
+    # int16 cast, the overshoot would wrap to large negative values on the positive plateaus
+    square = np.where(np.arange(48_000) // 24 % 2 == 0, 32767, -32768).astype(np.int16)
+    reference = soxr.resample(square.astype(np.float32), 48_000, 24_000, quality="HQ")
+    assert reference.max() > 32767.5  # the overshoot really is there
+    out = np.frombuffer(to_mono_24k(square, 48_000), "<i2")
+    over = reference > 32767
+    assert np.all(out[over] == 32767) and np.all(out[reference < -32768] == -32768)
+    assert np.array_equal(out, np.clip(np.rint(reference), -32768, 32767).astype(np.int16))

@@ -6,12 +6,15 @@ import asyncio
 import json
 import math
 import os
+import signal
+import subprocess
 import sys
 import wave
 from pathlib import Path
 
 import numpy as np
 
+from bot.cli import main
 from tests.support.fake_realtime import AudioReply, FakeRealtime, ToolCallReply
 
 KEY = "sk-file-mode-secret-777"
@@ -19,17 +22,23 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def write_conversation_wav(path: Path) -> None:
-    """48 kHz stereo: speak 0.4 s, pause 0.8 s, speak again 0.4 s (over the answer), pause 0.8 s."""
+    """48 kHz stereo: speak 0.4 s, pause 1.4 s, speak again 0.4 s (over the answer), pause 0.8 s.
+
+    The pause leaves room for the tool call's round trip on a loaded machine, so the long answer is
+    surely playing when the user speaks again.
+    """
+    write_wav(path, [(0.4, True), (1.4, False), (0.4, True), (0.8, False)])
+
+
+def write_wav(path: Path, parts: list[tuple[float, bool]]) -> None:
+    """48 kHz stereo: (seconds, speaking) parts; speech is a 220 Hz tone the fake's VAD hears."""
     rate = 48_000
 
-    def tone(seconds: float) -> np.ndarray:
+    def part(seconds: float, speaking: bool) -> np.ndarray:
         t = np.arange(int(rate * seconds)) / rate
-        return 0.3 * np.sin(2 * math.pi * 220 * t)
+        return 0.3 * np.sin(2 * math.pi * 220 * t) if speaking else np.zeros(len(t))
 
-    def quiet(seconds: float) -> np.ndarray:
-        return np.zeros(int(rate * seconds))
-
-    mono = np.concatenate([tone(0.4), quiet(0.8), tone(0.4), quiet(0.8)])
+    mono = np.concatenate([part(seconds, speaking) for seconds, speaking in parts])
     stereo = np.repeat((mono * 32767).astype("<i2"), 2)
     with wave.open(str(path), "wb") as wav:
         wav.setnchannels(2)
@@ -54,7 +63,7 @@ async def test_file_mode_holds_a_conversation_with_a_tool_call_and_a_barge_in(tm
                "SWITCHBOARD_HOME": str(tmp_path), "OPENAI_API_KEY": KEY,
                "SWITCHBOARD_REALTIME_URL": fake.url}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "--env-file", "/nonexistent", "talk",
+            sys.executable, "-m", "bot", "--env-file", os.devnull, "talk",
             "--input-wav", str(wav_in), "--output-wav", str(wav_out), "--metrics-json", str(metrics),
             "--timeout", "30", cwd=ROOT, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
@@ -63,9 +72,10 @@ async def test_file_mode_holds_a_conversation_with_a_tool_call_and_a_barge_in(tm
         assert proc.returncode == 0, stderr
         fake.assert_clean()
         types = [e["type"] for e in fake.received]
+        sent_types = [e["type"] for e in fake.sent]
     assert "you: status please" in stdout and "assistant: Short answer." in stdout
     assert KEY not in stdout + stderr
-    assert types.count("conversation.item.truncate") == 1
+    assert types.count("conversation.item.truncate") == 1, (_story(types), _story(sent_types), stderr)
     outputs = [e for e in fake.received if e["type"] == "conversation.item.create"
                and e["item"]["type"] == "function_call_output"]
     assert len(outputs) == 1 and json.loads(outputs[0]["item"]["output"])["provider"] == "openai"
@@ -80,9 +90,7 @@ async def test_file_mode_holds_a_conversation_with_a_tool_call_and_a_barge_in(tm
     assert "wrote" in stderr and "ms of assistant audio" in stderr
 
 
-async def test_ctrl_c_ends_the_call_cleanly_and_keeps_what_was_said(tmp_path):
-    import signal
-
+async def test_ctrl_c_ends_the_call_with_exit_130_and_keeps_what_was_said(tmp_path):
     wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
     write_conversation_wav(wav_in)
     slow = AudioReply("A long story.", audio_ms=3000, chunk_ms=100, delay_ms_per_chunk=20)
@@ -90,13 +98,65 @@ async def test_ctrl_c_ends_the_call_cleanly_and_keeps_what_was_said(tmp_path):
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
                "OPENAI_API_KEY": KEY, "SWITCHBOARD_REALTIME_URL": fake.url}
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "--env-file", "/nonexistent", "talk",
+            sys.executable, "-m", "bot", "--env-file", os.devnull, "talk",
             "--input-wav", str(wav_in), "--output-wav", str(wav_out), cwd=ROOT, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         await fake.wait_for(lambda: any(e["type"] == "response.output_audio.delta" for e in fake.sent), timeout=10)
         proc.send_signal(signal.SIGINT)
         out, err = await asyncio.wait_for(proc.communicate(), 20)
-    assert proc.returncode == 0, err.decode()
-    assert "Traceback" not in err.decode()
+    assert proc.returncode == 130, err.decode()
+    assert "Traceback" not in err.decode() and KEY not in err.decode()
     with wave.open(str(wav_out)) as wav:  # a valid, finalised file
         assert wav.getframerate() == 24_000
+
+
+async def test_timeout_exits_3_and_leaves_no_empty_wav(tmp_path):
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_conversation_wav(wav_in)
+    async with FakeRealtime([AudioReply("Never heard.", audio_ms=500)]) as fake:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+               "OPENAI_API_KEY": KEY, "SWITCHBOARD_REALTIME_URL": fake.url}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "--env-file", os.devnull, "talk", "--input-wav", str(wav_in),
+            "--output-wav", str(wav_out), "--timeout", "0.2", cwd=ROOT, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+    assert proc.returncode == 3, err.decode()
+    assert "stopped after --timeout 0.2 s" in err.decode() and "Traceback" not in err.decode()
+    assert not wav_out.exists()  # nothing was said before the timeout: no empty 44-byte WAV
+
+
+def test_anyone_can_start_the_fake_server_and_talk_to_it_with_no_key(tmp_path, monkeypatch, capsys):
+    """What docs/testing.md shows: `python -m tests.support.fake_realtime --port N`, then `talk` at it."""
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_wav(wav_in, [(0.4, True), (0.6, False)])
+    server = subprocess.Popen([sys.executable, "-m", "tests.support.fake_realtime", "--port", "0", "--audio-ms", "200"],
+                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = server.stdout.readline()  # '' if the server died: no hang
+        url = first.split(" on ", 1)[1].split()[0]
+        assert url.startswith("ws://127.0.0.1:") and url.endswith("/v1/realtime")
+        monkeypatch.chdir(tmp_path)
+        code = main(["talk", "--input-wav", str(wav_in), "--output-wav", str(wav_out), "--timeout", "30"],
+                    environ={"HOME": str(tmp_path), "OPENAI_API_KEY": "fake-key", "SWITCHBOARD_REALTIME_URL": url})
+        out, err = capsys.readouterr()
+        assert code == 0, err
+        assert "assistant: This is the fake Realtime server." in out
+    finally:
+        server.send_signal(signal.SIGINT)
+        rest, _ = server.communicate(timeout=20)
+    assert server.returncode == 0 and "0 GA violation(s)" in rest
+    with wave.open(str(wav_out)) as wav:
+        assert wav.getnframes() == 200 * 24
+
+
+def _story(types: list[str]) -> str:
+    """Event types in order, appends and deltas collapsed: what to read when a timing test fails."""
+    out: list[str] = []
+    for t in types:
+        if out and out[-1].startswith(t):
+            count = int(out[-1].rsplit("x", 1)[1]) + 1 if " x" in out[-1] else 2
+            out[-1] = f"{t} x{count}"
+        else:
+            out.append(t)
+    return ", ".join(out)

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import io
 import math
+import os
 import struct
-import wave
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import BinaryIO
 
 import numpy as np
 import soxr
@@ -43,13 +46,32 @@ def downmix(samples: np.ndarray) -> np.ndarray:
 
 def to_mono_24k(samples: np.ndarray, rate: int) -> bytes:
     """Whole-buffer conversion to the model format: downmix first (half the work), then HQ soxr."""
-    mono = downmix(samples)
-    if rate != MODEL_RATE and len(mono):
-        mono = soxr.resample(mono, rate, MODEL_RATE, quality="HQ")
-    return _float_to_s16(mono)
+    return MonoConverter(rate).convert(samples, last=True)
+
+
+class MonoConverter:
+    """Streaming `to_mono_24k`: int16 (n,) or (n, ch) blocks of any size in, 24 kHz mono s16le out.
+
+    The concatenated output is identical to converting the whole buffer at once. `last=True`
+    flushes the resampler's tail; the converter is then finished.
+    """
+
+    def __init__(self, rate: int) -> None:
+        if rate <= 0:
+            raise ValueError("rate must be positive")
+        self._stream = (
+            None if rate == MODEL_RATE else soxr.ResampleStream(rate, MODEL_RATE, 1, dtype="float32", quality="HQ")
+        )
+
+    def convert(self, samples: np.ndarray, last: bool = False) -> bytes:
+        mono = downmix(samples)
+        if self._stream is not None:
+            mono = self._stream.resample_chunk(mono, last=last)
+        return _float_to_s16(mono)
 
 
 def _float_to_s16(x: np.ndarray) -> bytes:
+    # clip before the cast: soxr overshoots full-scale input, and int16 would wrap +32768 to -32768
     return np.clip(np.rint(x), -32768, 32767).astype("<i2").tobytes()
 
 
@@ -102,61 +124,128 @@ class Resampler:
 # -- WAV files -------------------------------------------------------------------------------------
 
 
-def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
-    """Read a PCM WAV (8/16/24/32-bit integer, any channels, any rate) -> (int16 (n, ch), rate).
+@dataclass(frozen=True)
+class WavFormat:
+    """What a WAV header says, checked: integer PCM of `width` bytes, `frames` whole sample frames."""
 
-    Also accepts WAVE_FORMAT_EXTENSIBLE PCM (what ffmpeg writes for 24-bit and multichannel) and a
-    recording cut short before its header was finalised (data size 0 or past the end of the file).
-    Raises AudioFileError for anything else.
+    channels: int
+    width: int
+    rate: int
+    frames: int
+    data_offset: int
+
+    @property
+    def duration_ms(self) -> int:
+        return self.frames * 1000 // self.rate
+
+
+class WavReader:
+    """A PCM WAV opened for streaming: the header is checked on open, then `blocks()` reads the audio
+    a block at a time, so memory does not grow with the file.
+
+    Accepts 8/16/24/32-bit integer PCM, any channels and rate, WAVE_FORMAT_EXTENSIBLE PCM (what
+    ffmpeg writes for 24-bit and multichannel), and a recording cut short before its header was
+    finalised (data size 0 or past the end of the file; a torn last sample frame is dropped).
+    Raises AudioFileError, naming the file and a fix, for anything else.
     """
-    path = Path(path)
-    try:
-        raw = bytearray(path.read_bytes())
-    except FileNotFoundError:
-        raise AudioFileError(f"{path}: no such file — check the path") from None
-    except OSError as exc:
-        raise AudioFileError(f"{path}: cannot read it ({exc.strerror or exc})") from None
-    _repair_header(raw, path)
-    try:
-        with wave.open(io.BytesIO(raw)) as w:
-            channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
-            data = w.readframes(w.getnframes())
-    except (wave.Error, EOFError, struct.error) as exc:
-        raise AudioFileError(f"{path}: not a readable WAV file ({exc or 'truncated'}); {_CONVERT_HINT}") from None
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        try:
+            self._file = open(self.path, "rb")  # closed by close()
+        except FileNotFoundError:
+            raise AudioFileError(f"{self.path}: no such file — check the path") from None
+        except OSError as exc:
+            raise AudioFileError(f"{self.path}: cannot read it ({exc.strerror or exc})") from None
+        try:
+            self.format = _read_header(self._file, self.path)
+        except BaseException:
+            self._file.close()
+            raise
+
+    def blocks(self, frames_per_block: int = 4800) -> Iterator[np.ndarray]:
+        """The audio as int16 arrays of shape (n, channels), n <= frames_per_block, from the start."""
+        fmt = self.format
+        frame_bytes = fmt.width * fmt.channels
+        self._file.seek(fmt.data_offset)
+        remaining = fmt.frames
+        while remaining > 0:
+            n = min(frames_per_block, remaining)
+            data = self._file.read(n * frame_bytes)
+            data = data[: len(data) - len(data) % frame_bytes]
+            if not data:  # the file shrank while we read it
+                return
+            remaining -= len(data) // frame_bytes
+            yield _decode_s16(data, fmt.width).reshape(-1, fmt.channels)
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> WavReader:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def read_wav(path: str | Path) -> tuple[np.ndarray, int]:
+    """Read a whole PCM WAV (see WavReader for what is accepted) -> (int16 (n, ch), rate)."""
+    with WavReader(path) as reader:
+        fmt = reader.format
+        blocks = list(reader.blocks(frames_per_block=max(1, fmt.frames)))
+    samples = np.concatenate(blocks) if blocks else np.zeros((0, fmt.channels), np.int16)
+    return samples, fmt.rate
+
+
+def _read_header(file: BinaryIO, path: Path) -> WavFormat:
+    """Walk the RIFF chunks up to `data`, checking `fmt ` on the way."""
+    size = os.fstat(file.fileno()).st_size
+    if size == 0:
+        raise AudioFileError(f"{path}: the file is empty (0 bytes), not a WAV file; {_CONVERT_HINT}")
+    head = file.read(12)
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WAVE":
+        raise AudioFileError(f"{path}: not a readable WAV file (no RIFF/WAVE header); {_CONVERT_HINT}")
+    fmt: tuple[int, int, int] | None = None
+    pos = 12
+    while pos + 8 <= size:
+        file.seek(pos)
+        chunk_id, chunk_size = struct.unpack("<4sI", file.read(8))
+        body = pos + 8
+        if chunk_id == b"fmt ":
+            fmt = _parse_fmt(file.read(min(chunk_size, 40)), chunk_size, path)
+        elif chunk_id == b"data":
+            if fmt is None:
+                raise AudioFileError(f"{path}: not a readable WAV file (audio data before its format); "
+                                     f"{_CONVERT_HINT}")
+            channels, width, rate = fmt
+            available = size - body
+            if chunk_size == 0 or chunk_size > available:  # writer died before finalising the header
+                chunk_size = available
+            return WavFormat(channels, width, rate, chunk_size // (channels * width), body)
+        pos = body + chunk_size + (chunk_size & 1)
+    what = "the header is cut short" if fmt is None else "it has no audio data chunk"
+    raise AudioFileError(f"{path}: not a readable WAV file ({what}); {_CONVERT_HINT}")
+
+
+def _parse_fmt(raw: bytes, chunk_size: int, path: Path) -> tuple[int, int, int]:
+    """(channels, bytes per sample, rate) from a `fmt ` chunk; refuses anything but integer PCM."""
+    if chunk_size < 16 or len(raw) < 16:
+        raise AudioFileError(f"{path}: not a readable WAV file (the format chunk is cut short); {_CONVERT_HINT}")
+    tag, channels, rate, _byte_rate, _block_align, bits = struct.unpack_from("<HHIIHH", raw)
+    if tag == _WAVE_FORMAT_EXTENSIBLE and chunk_size >= 40 and len(raw) >= 26:
+        (tag,) = struct.unpack_from("<H", raw, 24)  # first field of the SubFormat GUID
+    if tag == _WAVE_FORMAT_FLOAT:
+        raise AudioFileError(f"{path}: floating-point WAV is not supported, only integer PCM; {_CONVERT_HINT}")
+    if tag != _WAVE_FORMAT_PCM:
+        raise AudioFileError(f"{path}: WAV encoding {tag:#06x} is not PCM; {_CONVERT_HINT}")
+    if channels == 0:
+        raise AudioFileError(f"{path}: not a readable WAV file (the header says 0 channels); {_CONVERT_HINT}")
     if rate <= 0:
         raise AudioFileError(f"{path}: the header says the sample rate is {rate} Hz; {_CONVERT_HINT}")
+    width = (bits + 7) // 8
     if width not in (1, 2, 3, 4):
-        raise AudioFileError(f"{path}: {8 * width}-bit samples are not supported; {_CONVERT_HINT}")
-    data = data[: len(data) - len(data) % (width * channels)]
-    return _decode_s16(data, width).reshape(-1, channels), rate
-
-
-def _repair_header(raw: bytearray, path: Path) -> None:
-    """Patch in place what the 3.11 `wave` module rejects but we can read safely; reject non-PCM."""
-    if len(raw) < 12 or raw[:4] != b"RIFF" or raw[8:12] != b"WAVE":
-        return  # not RIFF/WAVE at all: let `wave` say so
-    struct.pack_into("<I", raw, 4, len(raw) - 8)  # a stale RIFF size would hide the data chunk
-    pos = 12
-    while pos + 8 <= len(raw):
-        chunk_id = bytes(raw[pos : pos + 4])
-        (size,) = struct.unpack_from("<I", raw, pos + 4)
-        body = pos + 8
-        if chunk_id == b"fmt " and size >= 16 and body + 16 <= len(raw):
-            (tag,) = struct.unpack_from("<H", raw, body)
-            if tag == _WAVE_FORMAT_EXTENSIBLE and size >= 40 and body + 26 <= len(raw):
-                (tag,) = struct.unpack_from("<H", raw, body + 24)  # first field of the SubFormat GUID
-                if tag == _WAVE_FORMAT_PCM:
-                    struct.pack_into("<H", raw, body, _WAVE_FORMAT_PCM)
-            if tag == _WAVE_FORMAT_FLOAT:
-                raise AudioFileError(f"{path}: floating-point WAV is not supported, only integer PCM; {_CONVERT_HINT}")
-            if tag != _WAVE_FORMAT_PCM:
-                raise AudioFileError(f"{path}: WAV encoding {tag:#06x} is not PCM; {_CONVERT_HINT}")
-        elif chunk_id == b"data":
-            available = len(raw) - body
-            if size == 0 or size > available:  # writer died before finalising the header
-                struct.pack_into("<I", raw, pos + 4, available)
-            return
-        pos = body + size + (size & 1)
+        raise AudioFileError(f"{path}: {bits}-bit samples are not supported; {_CONVERT_HINT}")
+    return channels, width, rate
 
 
 def _decode_s16(data: bytes, width: int) -> np.ndarray:

@@ -1,4 +1,6 @@
-"""Fake OpenAI Realtime **GA** server on loopback for tests.
+"""Fake OpenAI Realtime **GA** server on loopback for tests — and for trying `talk` with no key.
+
+    python -m tests.support.fake_realtime --port 8765     # prints the URL to point talk at
 
     async with FakeRealtime(script=[ToolCallReply("get_time", {}), AudioReply("It is noon")]) as fake:
         async with websockets.connect(fake.url, additional_headers={"Authorization": "Bearer x"}) as ws:
@@ -18,10 +20,13 @@ is accepted and ignored (WebRTC/SIP only); one active response at a time.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import copy
 import inspect
 import itertools
+import signal
+import sys
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
@@ -54,11 +59,11 @@ class FakeRealtime:
     def __init__(self, script: Union[None, list, Callable[[ReplyContext], Any]] = None, *,
                  default_reply: Optional[Reply] = None, user_transcripts: Optional[list] = None,
                  model: str = "gpt-realtime", require_auth: bool = False,
-                 vad_rms_threshold: Optional[float] = None, host: str = "127.0.0.1"):
+                 vad_rms_threshold: Optional[float] = None, host: str = "127.0.0.1", port: int = 0):
         self.script = list(script) if isinstance(script, (list, tuple)) else script
         self.default_reply = default_reply or AudioReply("Okay.")
         self.user_transcripts = list(user_transcripts or [])
-        self.model, self.require_auth, self.host = model, require_auth, host
+        self.model, self.require_auth, self.host, self.port = model, require_auth, host, port
         self.vad_rms_threshold = vad_rms_threshold
         self.received: list[dict] = []
         self.sent: list[dict] = []
@@ -75,7 +80,7 @@ class FakeRealtime:
 
     # ---- lifecycle
     async def __aenter__(self) -> "FakeRealtime":
-        self._server = await serve(self._handler, self.host, 0, process_request=self._process_request)
+        self._server = await serve(self._handler, self.host, self.port, process_request=self._process_request)
         port = self._server.sockets[0].getsockname()[1]
         self.url = f"ws://{self.host}:{port}/v1/realtime"
         return self
@@ -178,3 +183,45 @@ class FakeRealtime:
     def assert_clean(self) -> None:
         if self.violations:
             raise AssertionError("Realtime GA violations:\n  " + "\n  ".join(self.violations))
+
+
+# ---- `python -m tests.support.fake_realtime`: a server anyone can point `switchboard talk` at
+
+
+async def _serve_until_stopped(port: int, reply: str, audio_ms: int) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with FakeRealtime(default_reply=AudioReply(reply, audio_ms=audio_ms), port=port) as fake:
+        print(f"fake Realtime GA server on {fake.url} (loopback only; Ctrl-C to stop)", flush=True)
+        print(f"try: SWITCHBOARD_REALTIME_URL={fake.url} OPENAI_API_KEY=fake-key "
+              f"{sys.executable} -m bot talk --input-wav IN.wav --output-wav OUT.wav", flush=True)
+        await stop.wait()
+        print(f"{fake.connections} connection(s), {fake.response_count} response(s), "
+              f"{len(fake.violations)} GA violation(s)", flush=True)
+        for violation in fake.violations:
+            print(f"  {violation}", flush=True)
+
+
+def main(argv: Optional[list] = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.support.fake_realtime",
+        description="A strict fake OpenAI Realtime GA server on 127.0.0.1: it answers every turn with "
+                    "a tone and a transcript, and checks every event against the GA models.")
+    parser.add_argument("--port", type=int, default=8765, help="TCP port on 127.0.0.1 (0: any free port)")
+    parser.add_argument("--reply", default="This is the fake Realtime server. Your audio arrived.",
+                        help="the transcript of every answer")
+    parser.add_argument("--audio-ms", type=int, default=1200, help="length of every answer's tone")
+    args = parser.parse_args(argv)
+    try:
+        asyncio.run(_serve_until_stopped(args.port, args.reply, args.audio_ms))
+    except OSError as exc:
+        print(f"fake_realtime: cannot listen on 127.0.0.1:{args.port} ({exc.strerror or exc}); "
+              "try another --port", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

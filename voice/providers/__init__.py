@@ -3,24 +3,55 @@
 from __future__ import annotations
 
 from .base import ProviderConfigError, RealtimeProvider, ResponseRequest, SessionConfig, ToolSpec
+from .endpoint import UnsafeEndpoint, check_realtime_url, display_url
 from .openai_ga import OpenAIRealtime
 from .xai import XAIRealtime
 
 __all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_VOICE",
+    "PROVIDERS",
     "OpenAIRealtime",
     "ProviderConfigError",
     "RealtimeProvider",
     "ResponseRequest",
     "SessionConfig",
     "ToolSpec",
+    "UnsafeEndpoint",
     "XAIRealtime",
+    "check_model",
+    "check_voice",
     "make_provider",
 ]
 
+PROVIDERS: dict[str, type[OpenAIRealtime]] = {"openai": OpenAIRealtime, "xai": XAIRealtime}
+DEFAULT_MODEL = {"openai": "gpt-realtime-2.1-mini", "xai": "grok-voice-latest"}
+DEFAULT_VOICE = {"openai": "marin", "xai": "Ara"}
+_NO_KEY = "-"  # stands in for a key when only the model or voice is being checked
+
 
 def make_provider(name: str, *, api_key: str, model: str, voice: str, url: str | None = None) -> RealtimeProvider:
-    if name == "openai":
-        return OpenAIRealtime(api_key, model, voice, url)
-    if name == "xai":
-        return XAIRealtime(api_key, model, voice, url)
-    raise ProviderConfigError(f"unknown provider {name!r}; use openai or xai")
+    """The provider `name`. Raises ProviderConfigError (UnsafeEndpoint for `url`) saying what to change.
+
+    The URL is checked here as well as in the settings: a key goes only over `wss://`, or `ws://`
+    to a loopback address.
+    """
+    cls = PROVIDERS.get(name)
+    if cls is None:
+        raise ProviderConfigError(f"unknown provider {name!r}; use {' or '.join(PROVIDERS)}")
+    if url is not None:
+        try:
+            check_realtime_url(url)
+        except UnsafeEndpoint as exc:
+            raise UnsafeEndpoint(f"realtime URL {display_url(url)}: {exc}") from None
+    return cls(api_key, model, voice, url)
+
+
+def check_voice(name: str, voice: str) -> None:
+    """Raise ProviderConfigError when provider `name` would refuse `voice` (its own rule and list)."""
+    PROVIDERS[name](_NO_KEY, DEFAULT_MODEL[name], voice)
+
+
+def check_model(name: str, model: str) -> None:
+    """Raise ProviderConfigError when provider `name` would refuse `model` (e.g. a retired one)."""
+    PROVIDERS[name](_NO_KEY, model, DEFAULT_VOICE[name])

@@ -2,33 +2,39 @@
 
 Both directions run on the event loop on an absolute 20 ms schedule taken from an injectable clock,
 so a scripted call behaves like a live one (the provider's server VAD sees real-time audio and a
-silent tail) and tests can run it in virtual time.
+silent tail) and tests can run it in virtual time. IN.wav is streamed — read, converted and paced a
+block at a time — so memory does not grow with its length.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
-from voice.audio import WavWriter, read_wav, to_mono_24k
+import numpy as np
+
+from voice.audio import AudioFileError, FrameChunker, MonoConverter, WavReader, WavWriter
 
 from .base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener
 from .speaker import SILENCE_FRAME, PacedSpeaker, SpeakerPlayback
 
 FRAME_S = FRAME_MS / 1000
+_READ_FRAMES = 4800  # sample frames of IN.wav read per block: 100 ms at 48 kHz
 SleepFn = Callable[[float], Awaitable[object]]
 
 
 class FileTransport(SpeakerPlayback):
-    """CallTransport over files. IN.wav is read (and validated) by the constructor.
+    """CallTransport over files. IN.wav's header is validated by the constructor (AudioFileError,
+    also when it holds no audio); its audio is read while `frames()` runs.
 
     `frames()` yields the input as 24 kHz mono 20 ms frames — paced unless `realtime=False` — then,
     with `tail_silence`, silence until `close_input()`; the last partial frame is padded. `start()`
     begins paced playback: every 20 ms one frame leaves the speaker, and frames that belong to an
     assistant item (not underrun silence) are appended to OUT.wav, each padded to a whole frame.
-    `aclose()` stops both directions and finalises OUT.wav (created, possibly empty, in any case).
+    `aclose()` stops both directions and finalises OUT.wav (created, possibly empty, in any case);
+    `discard_empty_output()` then removes an OUT.wav that holds no audio (a call that failed).
     """
 
     def __init__(
@@ -41,8 +47,12 @@ class FileTransport(SpeakerPlayback):
         sleep: SleepFn = asyncio.sleep,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        samples, rate = read_wav(input_wav)
-        self._input = to_mono_24k(samples, rate)
+        self.input_path = Path(input_wav)
+        with WavReader(self.input_path) as reader:
+            self._format = reader.format
+        if self._format.frames == 0:
+            raise AudioFileError(f"{self.input_path}: holds no audio (0 samples); record or pick a file "
+                                 "with speech in it")
         self.output_path = Path(output_wav)
         self.realtime = realtime
         self.tail_silence = tail_silence
@@ -56,7 +66,7 @@ class FileTransport(SpeakerPlayback):
 
     @property
     def input_ms(self) -> int:
-        return len(self._input) * 1000 // (RATE * 2)
+        return self._format.duration_ms
 
     @property
     def output_ms(self) -> int:
@@ -75,12 +85,12 @@ class FileTransport(SpeakerPlayback):
         start = clock()
         index = 0
         try:
-            for offset in range(0, len(self._input), FRAME_BYTES):
-                if not await self._wait_for_frame(clock, start, index):
-                    return
-                frame = self._input[offset : offset + FRAME_BYTES]
-                yield frame + bytes(FRAME_BYTES - len(frame))
-                index += 1
+            with contextlib.closing(self._input_frames()) as input_frames:  # closes IN.wav on early exit
+                for frame in input_frames:
+                    if not await self._wait_for_frame(clock, start, index):
+                        return
+                    yield frame
+                    index += 1
             self.input_done.set()
             # a provider with server VAD only ends the last turn after hearing silence in real time
             while self.tail_silence and await self._wait_for_frame(clock, start, index):
@@ -88,6 +98,18 @@ class FileTransport(SpeakerPlayback):
                 index += 1
         finally:
             self.input_done.set()
+
+    def _input_frames(self) -> Iterator[bytes]:
+        """IN.wav as 24 kHz mono frames, read and converted a block at a time; the last one padded."""
+        chunker = FrameChunker(FRAME_BYTES)
+        converter = MonoConverter(self._format.rate)
+        with WavReader(self.input_path) as reader:
+            for block in reader.blocks(_READ_FRAMES):
+                yield from chunker.push(converter.convert(block))
+        yield from chunker.push(converter.convert(np.zeros(0, np.int16), last=True))
+        tail = chunker.flush()
+        if tail is not None:
+            yield tail
 
     def close_input(self) -> None:
         """End `frames()` at its next frame (the engine is done listening)."""
@@ -139,6 +161,13 @@ class FileTransport(SpeakerPlayback):
                     await task
         finally:
             self._ensure_writer().close()
+
+    def discard_empty_output(self) -> bool:
+        """After `aclose()`: remove OUT.wav if it holds no assistant audio. True if it was removed."""
+        if self._writer is None or not self._writer.closed or self._writer.frames_written:
+            return False
+        self.output_path.unlink(missing_ok=True)
+        return True
 
     def _ensure_writer(self) -> WavWriter:
         if self._writer is None:

@@ -1,0 +1,95 @@
+"""The value rules settings are checked with: pure functions that return the parsed value or raise
+ValueError saying what is wrong and what to use (the caller adds the variable and its value)."""
+
+from __future__ import annotations
+
+import math
+import re
+import shlex
+from collections.abc import Callable
+from typing import Any
+
+_SNOWFLAKE = re.compile(r"[1-9][0-9]{16,19}")  # 17–20 digits, no leading zero
+_MAX_SNOWFLAKE = 2**64 - 1
+
+
+def one_of(value: Any, allowed: tuple[str, ...], what: str) -> str:
+    """`value`, lower-cased, if it is one of `allowed`."""
+    text = str(value).strip().lower()
+    if text not in allowed:
+        raise ValueError(f"is not {what}; use {' or '.join(allowed)}")
+    return text
+
+
+def choices(value: Any, allowed: tuple[str, ...], what: str, also: str = "") -> tuple[str, ...]:
+    """A comma-separated list drawn from `allowed`, in order, without repeats. Unknown names refuse."""
+    if isinstance(value, tuple):
+        return value
+    names = [n.strip().lower() for n in str(value).split(",") if n.strip()]
+    unknown = [n for n in names if n not in allowed]
+    if unknown:
+        plural = "s" if len(unknown) > 1 else ""
+        raise ValueError(f"unknown {what}{plural} {', '.join(unknown)}; use any of {','.join(allowed)}"
+                         + (f" {also}" if also else ""))
+    return tuple(dict.fromkeys(names))
+
+
+def positive_seconds(value: Any) -> float:
+    """A finite number of seconds greater than 0 (`nan`, `inf` and `1e999` refuse)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("is not a number of seconds; use e.g. 5 or 2.5") from None
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError("must be a finite number of seconds greater than 0")
+    return seconds
+
+
+def snowflake(value: Any) -> int:
+    """One Discord ID: 17–20 digits, no leading zero, at most 2**64-1."""
+    text = str(value).strip()
+    if not _SNOWFLAKE.fullmatch(text) or int(text) > _MAX_SNOWFLAKE:
+        raise ValueError("is not a Discord ID (17–20 digits, no leading zero); copy it with Developer "
+                         "Mode > Copy ID")
+    return int(text)
+
+
+def snowflakes(value: Any) -> frozenset[int]:
+    """Comma-separated Discord IDs. Any malformed or empty entry refuses the whole list."""
+    parts = [p.strip() for p in str(value).split(",")]
+    bad = [p for p in parts if not _SNOWFLAKE.fullmatch(p) or int(p) > _MAX_SNOWFLAKE]
+    if bad:
+        shown = ", ".join(repr(clip(p, 24)) for p in bad[:3])
+        raise ValueError(f"holds {shown}, not a Discord ID (17–20 digits, no leading zero)")
+    return frozenset(int(p) for p in parts)
+
+
+def command_template(value: Any, placeholder: str) -> tuple[str, ...]:
+    """A command line split the shell's way (shlex, never run through a shell); must use `placeholder`."""
+    try:
+        argv = tuple(shlex.split(str(value)))
+    except ValueError as exc:
+        raise ValueError(f"cannot be split into words ({exc}); check its quotes") from None
+    if not argv:
+        raise ValueError(f"is empty; use e.g. 'hermes -z {placeholder}'")
+    if not any(placeholder in part for part in argv):
+        raise ValueError(f"does not contain {placeholder}, where the task text goes; e.g. 'hermes -z {placeholder}'")
+    return argv
+
+
+def endpoint(check: Callable[[str], str], value: Any) -> str:
+    """Run an endpoint check from voice.providers.endpoint, as a ValueError."""
+    try:
+        return check(str(value))
+    except ValueError as exc:  # UnsafeEndpoint is a ValueError
+        raise ValueError(str(exc)) from None
+
+
+def check_token(text: str) -> None:
+    """A key or token is one word of printable ASCII (a pasted newline or space breaks the header)."""
+    if any(not (33 <= ord(c) < 127) for c in text):
+        raise ValueError("contains spaces, control or non-ASCII characters; paste the key alone")
+
+
+def clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -1,0 +1,213 @@
+"""The CLI as a newcomer meets it: every mistake is one clear line with the right exit code, `doctor`
+and every command agree on what is wrong, and no secret is ever printed."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import types
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bot import talk
+from bot.cli import main
+from voice.telemetry import Telemetry, TurnRecord
+
+SECRET = "sk-newcomer-secret-never-printed-99"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_wav(path: Path, seconds: float = 0.2, rate: int = 16_000) -> Path:
+    samples = (0.3 * 32767 * np.sin(2 * np.pi * 300 * np.arange(int(rate * seconds)) / rate)).astype("<i2")
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(rate)
+        w.writeframes(samples.tobytes())
+    return path
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch, capsys):
+    """Run `switchboard ARGS` in-process with only `env` as its environment; (code, stdout, stderr)."""
+    monkeypatch.chdir(tmp_path)  # no ./.env of the developer's
+
+    def run(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        code = main(list(args), environ={"HOME": str(tmp_path), **(env or {})})
+        out, err = capsys.readouterr()
+        assert "Traceback" not in out + err and SECRET not in out + err
+        return code, out, err
+
+    return run
+
+
+MALFORMED = [
+    {"SWITCHBOARD_PROVIDER": "xia", "XAI_API_KEY": SECRET},
+    {"SWITCHBOARD_ENDPOINTING": "locl"},
+    {"SWITCHBOARD_IDENTITY_INCLUDE": "persona,memroy"},
+    {"SWITCHBOARD_REALTIME_URL": "not a url"},
+    {"SWITCHBOARD_VOICE": "robot"},
+    {"SWITCHBOARD_DEAF_SECONDS": "1e999"},
+    {"SWITCHBOARD_REALTIME_URL": f"ws://u:{SECRET}@127.0.0.1:9/v1/realtime"},
+    {"SWITCHBOARD_REALTIME_URL": "ws://198.51.100.7/v1/realtime"},
+    {"SWITCHBOARD_AGENT_COMMAND": "hermes"},
+]
+
+
+@pytest.mark.parametrize("env", MALFORMED, ids=lambda env: next(iter(env)))
+def test_doctor_and_talk_report_a_malformed_setting_with_the_same_line(cli, tmp_path, env):
+    env = {"OPENAI_API_KEY": SECRET, **env}
+    code, out, _ = cli("doctor", env=env)
+    bad = [line.split("settings", 1)[1].strip() for line in out.splitlines() if line.startswith("BAD   settings")]
+    assert code == 1 and len(bad) == 1
+    code, _, err = cli("talk", "--input-wav", str(write_wav(tmp_path / "in.wav")),
+                       "--output-wav", str(tmp_path / "out.wav"), env=env)
+    assert code == 2 and err.splitlines() == [f"switchboard talk: {bad[0]}"]
+    assert not (tmp_path / "out.wav").exists()
+
+
+def test_doctor_says_where_the_provider_key_comes_from_and_fails_without_one(cli):
+    code, out, _ = cli("doctor", env={"OPENAI_API_KEY": SECRET})
+    assert "ok    provider key" in out and "openai key from OPENAI_API_KEY" in out and code == 0
+    code, out, _ = cli("doctor", env={"SWITCHBOARD_PROVIDER": "xai"})
+    assert code == 1 and "BAD   provider key" in out and "set XAI_API_KEY" in out
+    code, out, _ = cli("doctor", env={"SWITCHBOARD_OPENAI_API_KEY": "", "OPENAI_API_KEY": SECRET})
+    assert code == 1 and "SWITCHBOARD_OPENAI_API_KEY is set but blank" in out
+
+
+def test_doctor_reports_nobody_as_operator_and_fails_on_a_malformed_list(cli):
+    code, out, _ = cli("doctor", env={"OPENAI_API_KEY": SECRET})
+    assert "none: nobody may run mutating tools" in out and code == 0
+    code, out, _ = cli("doctor", env={"OPENAI_API_KEY": SECRET, "SWITCHBOARD_OPERATOR_USER_IDS": "12,34"})
+    assert code == 1 and "BAD   operators" in out and "'12'" in out
+
+
+def test_malformed_operators_warn_but_do_not_stop_talk(cli, tmp_path):
+    code, _, err = cli("talk", "--input-wav", str(write_wav(tmp_path / "in.wav")), "--output-wav",
+                       str(tmp_path / "missing" / "out.wav"),
+                       env={"OPENAI_API_KEY": SECRET, "SWITCHBOARD_OPERATOR_USER_IDS": "nope"})
+    assert "warning: SWITCHBOARD_OPERATOR_USER_IDS='nope'" in err
+    assert "does not exist" in err and code == 2  # it went on to the next check
+
+
+@pytest.mark.parametrize(("devices", "status"), [([], "warn"), ([{"max_input_channels": 1}], "warn"),
+                                                 ([{"max_input_channels": 1, "max_output_channels": 2}], "ok  ")])
+def test_terminal_audio_is_not_ok_without_an_input_and_an_output_device(cli, monkeypatch, devices, status):
+    fake = types.SimpleNamespace(query_devices=lambda: devices)
+    monkeypatch.setitem(sys.modules, "sounddevice", fake)
+    _, out, _ = cli("doctor", env={"OPENAI_API_KEY": SECRET})
+    row = next(line for line in out.splitlines() if "terminal audio" in line)
+    assert row.startswith(status)
+    if status == "warn":
+        assert sys.executable in row and "--input-wav" in row
+
+
+def test_an_explicit_env_file_that_is_missing_is_refused(cli, tmp_path):
+    code, _, err = cli("--env-file", str(tmp_path / "nope" / ".env"), "doctor")
+    assert code == 2 and err.splitlines() == [f"switchboard: --env-file {tmp_path / 'nope' / '.env'}: no such file; "
+                                              "check the path, or leave --env-file out (./.env is read when it exists)"]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+def test_timeout_accepts_positive_finite_seconds_only(cli, capsys, value):
+    with pytest.raises(SystemExit) as exit_:
+        main(["talk", "--timeout", value], environ={})
+    assert exit_.value.code == 2
+    assert f"argument --timeout: {value!r} is not a positive number of seconds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("make_output", "expected"), [
+    (lambda tmp: tmp / "missing" / "out.wav", "the directory {tmp}/missing does not exist; create it first"),
+    (lambda tmp: tmp, "is a directory; give a file name"),
+    (lambda tmp: tmp / "in.wav", "is the same file as --input-wav"),
+])
+def test_output_wav_problems_stop_before_the_call_in_one_line(cli, tmp_path, make_output, expected):
+    wav_in = write_wav(tmp_path / "in.wav")
+    before = wav_in.read_bytes()
+    code, _, err = cli("talk", "--input-wav", str(wav_in), "--output-wav", str(make_output(tmp_path)),
+                       env={"OPENAI_API_KEY": SECRET})
+    assert code == 2 and len(err.splitlines()) == 1 and expected.format(tmp=tmp_path) in err
+    assert wav_in.read_bytes() == before and not (tmp_path / "missing").exists()
+
+
+def test_metrics_outputs_are_checked_at_start_like_the_wav(cli, tmp_path):
+    wav_in = write_wav(tmp_path / "in.wav")
+    args = ("talk", "--input-wav", str(wav_in), "--output-wav", str(tmp_path / "out.wav"))
+    code, _, err = cli(*args, "--metrics-json", str(tmp_path / "no" / "m.jsonl"), env={"OPENAI_API_KEY": SECRET})
+    assert code == 2 and err.startswith("switchboard talk: --metrics-json ") and "does not exist" in err
+    code, _, err = cli(*args, env={"OPENAI_API_KEY": SECRET, "SWITCHBOARD_LATENCY_LOG": str(tmp_path / "no" / "m")})
+    assert code == 2 and err.startswith("switchboard talk: SWITCHBOARD_LATENCY_LOG ")
+    assert not (tmp_path / "out.wav").exists()
+
+
+def test_an_empty_file_and_a_wav_without_audio_are_refused_clearly(cli, tmp_path):
+    (tmp_path / "empty.wav").write_bytes(b"")
+    code, _, err = cli("talk", "--input-wav", str(tmp_path / "empty.wav"), "--output-wav", str(tmp_path / "o.wav"),
+                       env={"OPENAI_API_KEY": SECRET})
+    assert code == 2 and "the file is empty (0 bytes)" in err and "()" not in err
+    code, _, err = cli("talk", "--input-wav", str(write_wav(tmp_path / "silent.wav", seconds=0)),
+                       "--output-wav", str(tmp_path / "o.wav"), env={"OPENAI_API_KEY": SECRET})
+    assert code == 2 and "holds no audio" in err and not (tmp_path / "o.wav").exists()
+
+
+def test_a_call_that_cannot_connect_exits_1_and_leaves_no_empty_wav(cli, tmp_path):
+    with socket.socket() as s:  # a loopback port with nobody listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    code, _, err = cli("talk", "--input-wav", str(write_wav(tmp_path / "in.wav")), "--output-wav",
+                       str(tmp_path / "out.wav"),
+                       env={"OPENAI_API_KEY": SECRET, "SWITCHBOARD_REALTIME_URL": f"ws://127.0.0.1:{port}/v1/realtime"})
+    assert code == 1 and "could not reach the voice service" in err
+    assert not (tmp_path / "out.wav").exists()
+
+
+def test_the_summary_counts_every_turn_not_just_the_recent_ones(tmp_path):
+    telemetry = Telemetry()
+    for n in range(120):
+        telemetry.record(TurnRecord(n))
+    assert len(telemetry.recent) == 50
+    line = talk.summary(tmp_path / "out.wav", 600_000, telemetry.count)
+    assert line.endswith("(120 turns)")
+
+
+def test_terminal_audio_errors_give_the_venv_command_and_the_way_without_devices():
+    message = talk.terminal_audio_message(RuntimeError("no usable input device (x); list devices with "
+                                                       "`python -m sounddevice`"))
+    assert f"`{sys.executable} -m sounddevice`" in message and "--input-wav IN.wav --output-wav OUT.wav" in message
+
+
+# -- the same mistakes through real processes ---------------------------------------------------------------
+
+
+async def test_a_newcomers_mistakes_in_real_processes_are_one_line_each_and_never_show_the_key(tmp_path):
+    wav_in = write_wav(tmp_path / "in.wav")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / ".env").write_text(f"OPENAI_API_KEY={SECRET}\nSWITCHBOARD_PROVIDER=xia\n")
+    talk_files = ["talk", "--input-wav", str(wav_in), "--output-wav"]
+    key = {"OPENAI_API_KEY": SECRET}
+    cases = {  # name: (cwd, argv, env, exit code, text in the one line)
+        "bad .env value": (tmp_path / "bad", [*talk_files, "out.wav"], {}, 2, "SWITCHBOARD_PROVIDER='xia'"),
+        "doctor on it": (tmp_path / "bad", ["doctor"], {}, 1, None),
+        "missing output dir": (tmp_path, [*talk_files, "nodir/out.wav"], key, 2, "nodir does not exist"),
+        "missing env file": (tmp_path, ["--env-file", "/nonexistent/.env", "doctor"], key, 2, "no such file"),
+        "key in the url": (tmp_path, [*talk_files, "out.wav"],
+                           {**key, "SWITCHBOARD_REALTIME_URL": f"ws://me:{SECRET}@127.0.0.1:9/v1"}, 2, "credentials"),
+    }
+
+    async def run(cwd: Path, argv: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", *argv, cwd=cwd, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+                                                               "PYTHONPATH": str(ROOT), **env},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        return proc.returncode, out.decode(), err.decode()
+
+    results = await asyncio.gather(*(run(cwd, argv, env) for cwd, argv, env, _, _ in cases.values()))
+    for (name, (_, _, _, code, text)), (rc, out, err) in zip(cases.items(), results, strict=True):
+        assert rc == code, (name, out, err)
+        assert "Traceback" not in out + err and SECRET not in out + err, name
+        if text is not None:
+            assert len(err.splitlines()) == 1 and text in err, (name, err)
+    assert not (tmp_path / "out.wav").exists() and not (tmp_path / "bad" / "out.wav").exists()
