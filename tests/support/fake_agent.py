@@ -1,0 +1,77 @@
+"""A stand-in agent CLI for the command lane, run as `sys.executable fake_agent.py MODE [options] TASK`.
+
+Modes:
+  answer   print "answer: <task>" (and the argv as JSON with --argv) and exit 0
+  fail     print partial work on stdout, an error on stderr, exit 1
+  hang     start a child in the same process group, report "<pid> <child pid>" on --ready (a FIFO),
+           then wait until killed; with --ignore-term both ignore SIGTERM (only SIGKILL ends them)
+  flood    print --bytes bytes of numbered lines, then "THE END", exit 0
+  env      print the environment as JSON, exit 0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+
+def _hold_forever() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=("answer", "fail", "hang", "flood", "env"))
+    parser.add_argument("--ready", help="FIFO to write '<pid> <child pid>' to once running (hang)")
+    parser.add_argument("--ignore-term", action="store_true")
+    parser.add_argument("--bytes", type=int, default=1_000_000)
+    parser.add_argument("--argv", action="store_true", help="also print argv as JSON (answer)")
+    parser.add_argument("--profile")
+    parser.add_argument("task")
+    args = parser.parse_args(argv)
+
+    if args.mode == "answer":
+        if args.argv:
+            print(json.dumps(sys.argv[1:]))
+        print(f"answer: {args.task}")
+        return 0
+    if args.mode == "fail":
+        print("partial work before the failure")
+        print("error: the model refused the task", file=sys.stderr)
+        return 1
+    if args.mode == "env":
+        print(json.dumps(dict(os.environ)))
+        return 0
+    if args.mode == "flood":
+        written, n = 0, 0
+        out = sys.stdout
+        while written < args.bytes:
+            line = f"line {n:08d} of a very long agent transcript\n"
+            out.write(line)
+            written += len(line)
+            n += 1
+        out.write("THE END\n")
+        return 0
+    # hang
+    if args.ignore_term:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    child_code = ("import signal, time\n"
+                  + ("signal.signal(signal.SIGTERM, signal.SIG_IGN)\n" if args.ignore_term else "")
+                  + "time.sleep(3600)\n")
+    child = subprocess.Popen([sys.executable, "-c", child_code])  # same process group, inherits stdout
+    print("working", flush=True)
+    if args.ready:
+        with open(args.ready, "w") as ready:
+            ready.write(f"{os.getpid()} {child.pid}\n")
+    _hold_forever()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

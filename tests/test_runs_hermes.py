@@ -1,0 +1,299 @@
+"""The hermes-api lane against a strict fake api_server on loopback — and the fake's own strictness."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+
+from bot.runs.config import RunsConfig
+from bot.runs.core import (
+    ApprovalAnswered,
+    ApprovalRequested,
+    Finished,
+    Progress,
+    Running,
+    RunState,
+    RunTicket,
+)
+from bot.runs.lanes import HermesApiLane, LaneError
+from tests.support.fake_hermes import DEFAULT_FEATURES, FakeHermes
+from tests.test_runs_harness import SAFETY_S, VirtualTime
+
+KEY = "sk-hermes-test"
+
+
+def ticket(**kw) -> RunTicket:
+    base = dict(id=1, lane="hermes-api", task="audit the auth module", state=RunState.STARTING,
+                created_at=0.0, updated_at=0.0, idempotency_key="switchboard-0123456789abcdef")
+    base.update(kw)
+    return RunTicket(**base)
+
+
+def lane_for(fake: FakeHermes, key: str | None = KEY, **kw) -> HermesApiLane:
+    return HermesApiLane(RunsConfig(hermes_url=fake.url, hermes_key=key, poll_interval_s=5), **kw)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Collector:
+    def __init__(self) -> None:
+        self.seen: list = []
+        self._changed = asyncio.Condition()
+
+    async def __call__(self, obs) -> None:
+        self.seen.append(obs)
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def wait_for(self, kind) -> None:
+        async with self._changed:
+            await self._changed.wait_for(lambda: any(isinstance(o, kind) for o in self.seen))
+
+
+# -- the fake is strict ----------------------------------------------------------------------------
+
+async def test_fake_rejects_what_the_real_api_server_rejects():
+    async with FakeHermes(key=KEY) as fake, httpx.AsyncClient(base_url=fake.url) as http:
+        auth = {"Authorization": f"Bearer {KEY}"}
+        assert (await http.get("/v1/capabilities")).status_code == 401
+        assert (await http.get("/v1/capabilities", headers={"Authorization": "Bearer nope"})).status_code == 401
+        assert (await http.post("/v1/runs", json={"instructions": "x"}, headers=auth)).status_code == 400
+        assert (await http.post("/v1/runs", content=b"{not json", headers=auth)).status_code == 400
+        for bad_key in ("has space", "x" * 256, "tab\there"):
+            response = await http.post("/v1/runs", json={"input": "t"}, headers={**auth, "Idempotency-Key": bad_key})
+            assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_idempotency_key"
+        first = await http.post("/v1/runs", json={"input": "t"}, headers={**auth, "Idempotency-Key": "k1"})
+        replay = await http.post("/v1/runs", json={"input": "t"}, headers={**auth, "Idempotency-Key": "k1"})
+        assert first.status_code == replay.status_code == 202
+        assert replay.json() == {"run_id": first.json()["run_id"], "status": "running", "replayed": True}
+        conflict = await http.post("/v1/runs", json={"input": "other"}, headers={**auth, "Idempotency-Key": "k1"})
+        assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "idempotency_key_conflict"
+        run_id = first.json()["run_id"]
+        assert (await http.post(f"/v1/runs/{run_id}/steer", json={"input": " "}, headers=auth)).status_code == 400
+        assert (await http.post(f"/v1/runs/{run_id}/approval", json={"choice": "once"},
+                                headers=auth)).status_code == 409
+        fake.request_approval(run_id)
+        assert (await http.post(f"/v1/runs/{run_id}/approval", json={"choice": "maybe"},
+                                headers=auth)).status_code == 400
+        assert (await http.post(f"/v1/runs/{run_id}/steer", json={"input": "x"},
+                                headers=auth)).status_code == 409  # waiting, not running
+        assert (await http.get("/v1/runs/run_missing", headers=auth)).status_code == 404
+        assert fake.submissions == 1
+        assert len(fake.violations) == 13
+        with pytest.raises(AssertionError, match="would reject"):
+            fake.assert_clean()
+
+
+# -- probing ---------------------------------------------------------------------------------------
+
+async def test_a_refused_connection_is_not_running_with_how_to_enable_it():
+    lane = HermesApiLane(RunsConfig(hermes_url=f"http://127.0.0.1:{free_port()}", hermes_key=KEY))
+    probe = await lane.probe()
+    await lane.aclose()
+    assert not probe.available and probe.reason == "hermes-api is not running"
+    assert "API_SERVER_ENABLED=true" in probe.detail and "API_SERVER_KEY" in probe.detail
+    assert KEY not in probe.detail
+
+
+async def test_a_wrong_key_is_running_but_rejected_not_unreachable():
+    async with FakeHermes(key=KEY) as fake:
+        fake.expect_violation()
+        lane = lane_for(fake, key="wrong-key")
+        probe = await lane.probe()
+        await lane.aclose()
+        fake.assert_clean()
+    assert not probe.available and probe.reason == "hermes-api is running but rejected my key"
+    assert "wrong-key" not in probe.detail and KEY not in probe.detail
+
+
+async def test_a_blank_key_sends_no_authorization_header():
+    async with FakeHermes(key=None) as fake:
+        lane = lane_for(fake, key="")
+        assert (await lane.probe()).available
+        run_id = await lane.start(ticket())
+        fake.complete(run_id, "ok")
+        await lane.aclose()
+        fake.assert_clean()
+    assert fake.requests and all(r["authorization"] is None for r in fake.requests)
+
+
+async def test_a_missing_key_against_a_keyed_server_says_which_variable_to_set():
+    async with FakeHermes(key=KEY) as fake:
+        fake.expect_violation()
+        lane = lane_for(fake, key=None)
+        probe = await lane.probe()
+        await lane.aclose()
+    assert "rejected my key" in probe.reason and "SWITCHBOARD_HERMES_API_KEY" in probe.detail
+
+
+async def test_features_are_detected_from_capabilities():
+    no_steer = {k: v for k, v in DEFAULT_FEATURES.items() if k != "run_steer"}
+    async with FakeHermes(key=KEY, features=no_steer) as fake:
+        lane = lane_for(fake)
+        probe = await lane.probe()
+        run_id = await lane.start(ticket())
+        with pytest.raises(LaneError, match="does not offer steering"):
+            await lane.steer(ticket(external_id=run_id), "note")
+        await lane.aclose()
+    assert probe.available and not probe.can_steer
+    assert not any(r["path"].endswith("/steer") for r in fake.requests)
+
+    async with FakeHermes(key=KEY, features={"run_status": True}) as fake:
+        lane = lane_for(fake)
+        probe = await lane.probe()
+        await lane.aclose()
+    assert not probe.available and "run_submission" in probe.detail
+
+
+# -- submission ------------------------------------------------------------------------------------
+
+async def test_submission_carries_the_tickets_idempotency_key_and_a_retry_replays():
+    async with FakeHermes(key=KEY) as fake:
+        lane = lane_for(fake)
+        first = await lane.start(ticket())
+        again = await lane.start(ticket())
+        await lane.aclose()
+        fake.assert_clean()
+    assert first == again and fake.submissions == 1
+    posts = [r for r in fake.requests if r["method"] == "POST"]
+    assert [r["idempotency_key"] for r in posts] == ["switchboard-0123456789abcdef"] * 2
+    assert posts[0]["body"] == {"input": "audit the auth module"}
+
+
+class LoseFirstResponse(httpx.AsyncBaseTransport):
+    """Delivers the first POST to the server, then loses its response (as a dropped connection would)."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+        self.lost = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        response = await self.inner.handle_async_request(request)
+        if request.method == "POST" and not self.lost:
+            self.lost += 1
+            await response.aread()
+            raise httpx.ReadError("connection reset", request=request)
+        return response
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+async def test_a_submission_whose_answer_was_lost_is_retried_without_starting_a_second_run():
+    vt = VirtualTime()
+    transport = LoseFirstResponse()
+    async with FakeHermes(key=KEY) as fake, httpx.AsyncClient(transport=transport) as client:
+        lane = lane_for(fake, client=client, sleep=vt.sleep)
+        start = asyncio.create_task(lane.start(ticket()))
+        await vt.wait_sleeper()
+        vt.advance(1)
+        run_id = await start
+        fake.assert_clean()
+    assert transport.lost == 1 and fake.submissions == 1 and run_id == fake.only_run().run_id
+
+
+async def test_a_refused_submission_is_a_lane_error_with_the_servers_reason():
+    async with FakeHermes(key=KEY) as fake:
+        lane = lane_for(fake)
+        fake.expect_violation()
+        with pytest.raises(LaneError, match="Missing 'input'"):
+            await lane.start(ticket(task=""))
+        await lane.aclose()
+
+
+# -- following -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("sse_event_field", [False, True])
+async def test_events_become_progress_approval_and_completion(sse_event_field):
+    async with FakeHermes(key=KEY, sse_event_field=sse_event_field) as fake:
+        lane = lane_for(fake)
+        run_id = await lane.start(ticket())
+        seen = Collector()
+        follow = asyncio.create_task(lane.follow(ticket(external_id=run_id), seen))
+        await asyncio.wait_for(fake.runs[run_id].stream_open.wait(), SAFETY_S)
+        fake.keepalive(run_id)
+        fake.progress(run_id, "web_search", "auth module")
+        request_id = fake.request_approval(run_id, description="run `git push`")
+        await asyncio.wait_for(seen.wait_for(ApprovalRequested), SAFETY_S)
+        await lane.answer(ticket(external_id=run_id), request_id, "once")
+        fake.complete(run_id, "three gaps found")
+        await asyncio.wait_for(follow, SAFETY_S)
+        await lane.aclose()
+        fake.assert_clean()
+    assert seen.seen == [
+        Progress("using web_search: auth module"),
+        ApprovalRequested(request_id, ("once", "session", "always", "deny"), "run `git push`"),
+        ApprovalAnswered("once"),
+        Finished(RunState.COMPLETED, output="three gaps found"),
+    ]
+    assert fake.runs[run_id].answers == [{"choice": "once", "request_id": request_id}]
+
+
+async def test_a_dropped_stream_is_reconciled_with_the_run_status():
+    vt = VirtualTime()
+    async with FakeHermes(key=KEY) as fake:
+        lane = lane_for(fake, sleep=vt.sleep)
+        run_id = await lane.start(ticket())
+        seen = Collector()
+        follow = asyncio.create_task(lane.follow(ticket(external_id=run_id), seen))
+        await asyncio.wait_for(fake.runs[run_id].stream_open.wait(), SAFETY_S)
+        fake.progress(run_id)
+        fake.drop_stream(run_id)
+        await asyncio.wait_for(seen.wait_for(Running), SAFETY_S)  # asked GET /v1/runs/{id}: still going
+        await vt.wait_sleeper(lambda d: d == 5)
+        fake.set_status(run_id, "completed", output="finished while nobody listened")
+        vt.advance(5)
+        await asyncio.wait_for(follow, SAFETY_S)
+        await lane.aclose()
+        fake.assert_clean()
+    assert seen.seen[-1] == Finished(RunState.COMPLETED, output="finished while nobody listened")
+    gets = [r["path"] for r in fake.requests if r["method"] == "GET"]
+    assert gets.count(f"/v1/runs/{run_id}") == 2 and gets.count(f"/v1/runs/{run_id}/events") == 1
+
+
+async def test_steer_and_stop_use_the_run_endpoints():
+    async with FakeHermes(key=KEY) as fake:
+        lane = lane_for(fake)
+        run_id = await lane.start(ticket())
+        t = ticket(external_id=run_id)
+        await lane.steer(t, "[sb-1] focus on token refresh")
+        snapshot = await lane.snapshot(t)
+        assert snapshot.pending_notes == "[sb-1] focus on token refresh" and snapshot.observation == Running()
+        fake.consume_steer(run_id)
+        assert (await lane.snapshot(t)).pending_notes == ""
+        fake.settle_stop = False
+        assert await lane.stop(t) == "stopping"
+        assert (await lane.snapshot(t)).observation == Running()  # stopping is not over yet
+        fake.cancel(run_id)
+        snapshot = await lane.snapshot(t)
+        assert snapshot.terminal and snapshot.observation == Finished(RunState.CANCELLED, interrupted=True)
+        await lane.aclose()
+        fake.assert_clean()
+
+
+async def test_reconcile_after_a_restart_asks_the_status_or_replays_an_unconfirmed_submission():
+    async with FakeHermes(key=KEY) as fake:
+        lane = lane_for(fake)
+        run_id = await lane.start(ticket())
+        fake.set_status(run_id, "failed", error="out of credits")
+        assert await lane.reconcile(ticket(external_id=run_id)) == [Finished(RunState.FAILED, error="out of credits")]
+        # recorded but never confirmed: the same key replays the run, it is not started twice
+        replayed = await lane.reconcile(ticket(idempotency_key="switchboard-0123456789abcdef"))
+        assert replayed[0].external_id == run_id and fake.submissions == 1
+        fake.expect_violation()
+        lost = await lane.reconcile(ticket(external_id="run_unknown"))
+        assert lost[0].state is RunState.LOST and "no longer knows" in lost[0].error
+        await lane.aclose()
+        fake.assert_clean()
+
+    gone = HermesApiLane(RunsConfig(hermes_url=f"http://127.0.0.1:{free_port()}", hermes_key=KEY))
+    unreachable = await gone.reconcile(ticket(external_id="run_x"))
+    await gone.aclose()
+    assert unreachable[0].state is RunState.LOST and "could not ask hermes-api" in unreachable[0].error

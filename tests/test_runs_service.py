@@ -1,0 +1,437 @@
+"""The runs service end to end over real parts: a SQLite file, the fake api_server on loopback, real
+agent subprocesses; time is virtual, calls and the sink record what they were given."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sqlite3
+from collections.abc import AsyncIterator
+
+import pytest
+
+from bot.runs import MIGRATIONS, Delivery, RunsConfig, RunService, RunState, SteerState
+from bot.runs.core import TERMINAL
+from bot.store import DB_FILENAME, open_store
+from tests.support.fake_hermes import FakeHermes
+from tests.test_runs_harness import (
+    SAFETY_S,
+    ProcessWatch,
+    RecordingCall,
+    RecordingSink,
+    VirtualTime,
+    agent_command,
+    read_fifo,
+)
+from tests.test_runs_hermes import KEY, free_port
+
+
+class Harness:
+    def __init__(self, service: RunService, vt: VirtualTime, sink: RecordingSink, call: RecordingCall) -> None:
+        self.service, self.vt, self.sink, self.call = service, vt, sink, call
+
+    async def until(self, run_id: int, predicate):
+        return await asyncio.wait_for(self.service.wait_until(run_id, predicate), SAFETY_S)
+
+    async def delivered(self, run_id: int):
+        return await self.until(run_id, lambda t: t.delivery is Delivery.DELIVERED)
+
+    async def notes(self, run_id: int, predicate):
+        return await asyncio.wait_for(self.service.wait_receipts(run_id, predicate), SAFETY_S)
+
+
+@contextlib.asynccontextmanager
+async def harness(tmp_path, *, fake: FakeHermes | None = None, lanes=("hermes-api", "command"),
+                  command=None, vt: VirtualTime | None = None, owner: str | None = None, attach: bool = True,
+                  crash: bool = False, **config) -> AsyncIterator[Harness]:
+    vt = vt or VirtualTime()
+    url = fake.url if fake else f"http://127.0.0.1:{free_port()}"
+    cfg = RunsConfig(lanes=tuple(lanes), hermes_url=url, hermes_key=KEY,
+                     command=tuple(command or agent_command("answer")), **config)
+    store = await open_store(tmp_path / "home", MIGRATIONS)
+    sink, call = RecordingSink(), RecordingCall()
+    service = RunService(store, cfg, sink=sink, clock=vt.clock, sleep=vt.sleep, owner=owner)
+    if attach:
+        service.attach(call)
+    await service.start()
+    try:
+        yield Harness(service, vt, sink, call)
+    finally:
+        await service.close(settle_unwatchable=not crash)
+        await store.close()
+
+
+async def accepted(h: Harness, run_id: int):
+    return await h.until(run_id, lambda t: t.external_id is not None or t.terminal)
+
+
+# -- delegating ------------------------------------------------------------------------------------
+
+async def test_delegate_answers_before_a_slow_lane_accepts_and_the_ticket_is_committed_first(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+        gate = fake.hold_submissions()
+        receipt = await h.service.delegate("audit the auth module", requester_id=111)
+        assert receipt["summary"].startswith("run 1 is starting on hermes-api")
+        assert receipt["state"] == "starting"
+        await asyncio.wait_for(fake.submission_held.wait(), SAFETY_S)
+        # the lane is being asked right now: the ticket is already on disk, as another process sees it
+        with sqlite3.connect(tmp_path / "home" / DB_FILENAME) as other:
+            row = other.execute("SELECT state, lane, requester_id, idempotency_key FROM runs").fetchone()
+        assert row[:3] == ("starting", "hermes-api", 111)
+        assert fake.requests[-1]["idempotency_key"] == row[3]
+        assert (await h.service.check(1))["state"] == "starting"
+        gate.set()
+        run = await accepted(h, 1)
+        assert run.state is RunState.RUNNING and run.external_id == fake.only_run().run_id
+        fake.assert_clean()
+
+
+async def test_a_finished_run_is_announced_in_every_call_posted_and_delivered_once(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+        second = RecordingCall()
+        detach = h.service.attach(second)
+        await h.service.delegate("audit the auth module")
+        run = await accepted(h, 1)
+        await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
+        fake.progress(run.external_id, "web_search", "token refresh")
+        await h.until(1, lambda t: t.progress is not None)
+        check = await h.service.check(1)
+        assert check["last_progress"] == "using web_search: token refresh" and check["control"] == "steer or stop"
+        fake.complete(run.external_id, "Three gaps, starting with the token refresh swallowing exceptions.")
+        done = await h.delivered(1)
+        assert done.state is RunState.COMPLETED and done.announced is True
+        expected = ("Run 1 (audit the auth module) finished: Three gaps, starting with the token refresh "
+                    "swallowing exceptions.")
+        assert h.call.said == [expected] and second.said == [expected]
+        assert [t.id for t in h.sink.posted] == [1] and h.sink.posted[0].output.startswith("Three gaps")
+        # a second delivery attempt finds it claimed and says nothing
+        await h.service._deliver(1)
+        assert h.call.said == [expected] and len(h.sink.posted) == 1
+        detach()
+        fake.assert_clean()
+
+
+async def test_a_run_whose_call_ended_is_still_posted_and_stays_visible_in_check_work(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, attach=False) as h:
+        gone = RecordingCall(spoken=False)  # the call ended before it could speak
+        h.service.attach(gone)
+        await h.service.delegate("summarise the changelog")
+        run = await accepted(h, 1)
+        fake.complete(run.external_id, "v2 adds retries")
+        done = await h.delivered(1)
+        assert done.announced is False and [t.id for t in h.sink.posted] == [1]
+        overview = await h.service.check()
+        assert overview["runs"][0]["heard"] == "not announced in a call yet"
+        detail = await h.service.check(1)
+        assert detail["output"] == "v2 adds retries" and detail["state"] == "completed"
+
+
+async def test_every_fall_through_is_said_out_loud(tmp_path):
+    async with harness(tmp_path) as h:  # nothing listens on the hermes-api address
+        receipt = await h.service.delegate("tidy the README")
+        assert receipt["summary"].startswith("hermes-api is not running, so run 1 is starting on the command lane")
+        assert "API_SERVER_ENABLED=true" in receipt["skipped"][0]
+        done = await h.delivered(1)
+        assert done.lane == "command" and done.output.strip() == "answer: tidy the README"
+
+
+async def test_a_rejected_key_is_said_as_such_when_falling_through(tmp_path):
+    async with FakeHermes(key="the-real-key") as fake, harness(tmp_path, fake=fake) as h:
+        fake.expect_violation()
+        receipt = await h.service.delegate("tidy the README")
+        assert receipt["summary"].startswith("hermes-api is running but rejected my key, so run 1")
+        fake.assert_clean()
+
+
+async def test_no_lane_available_is_a_refusal_naming_each_lane_and_how_to_enable_it(tmp_path):
+    async with harness(tmp_path, command=("no-such-agent-binary-xyz", "-z", "{task}")) as h:
+        refusal = await h.service.delegate("do things")
+        assert "error" in refusal and "nothing was started" in refusal["error"]
+        assert "hermes-api: hermes-api is not running" in refusal["error"]
+        assert "API_SERVER_ENABLED=true" in refusal["error"] and "API_SERVER_KEY" in refusal["error"]
+        assert "command: `no-such-agent-binary-xyz` was not found" in refusal["error"]
+        assert "SWITCHBOARD_AGENT_COMMAND" in refusal["error"]
+        assert await h.service.tickets() == []
+
+
+async def test_an_empty_task_is_refused_without_a_ticket(tmp_path):
+    async with harness(tmp_path) as h:
+        assert "error" in await h.service.delegate("   ")
+        assert await h.service.tickets() == []
+
+
+# -- approvals -------------------------------------------------------------------------------------
+
+async def test_an_approval_question_is_spoken_and_answered_for_the_session(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+        await h.service.delegate("clean the build directory")
+        run = await accepted(h, 1)
+        await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
+        request_id = fake.request_approval(run.external_id, description="run `rm -rf build/`")
+        question = await asyncio.wait_for(h.call.wait_said("asks for permission"), SAFETY_S)
+        assert "rm -rf build/" in question and "always" not in question
+        waiting = await h.until(1, lambda t: t.state is RunState.WAITING_FOR_APPROVAL)
+        assert waiting.approval.request_id == request_id
+        refused = await h.service.resolve_approval(1, "always")
+        assert "never" in refused["error"]
+        answer = await h.service.resolve_approval(1, "session", requester_id=111)
+        assert answer["summary"] == "told run 1: approve for this session"
+        assert fake.runs[run.external_id].answers == [{"choice": "session", "request_id": request_id}]
+        assert (await h.until(1, lambda t: t.state is RunState.RUNNING)).approval is None
+        again = await h.service.resolve_approval(1, "once")
+        assert "not waiting" in again["error"]
+        fake.assert_clean()
+
+
+async def test_an_unanswered_question_is_denied_when_its_time_is_up(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, approval_timeout_s=90) as h:
+        await h.service.delegate("deploy the site")
+        run = await accepted(h, 1)
+        await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
+        request_id = fake.request_approval(run.external_id, choices=("once", "deny"))
+        await h.until(1, lambda t: t.state is RunState.WAITING_FOR_APPROVAL)
+        await h.vt.wait_sleeper(lambda d: d == 90)
+        h.vt.advance(89)
+        await asyncio.sleep(0)
+        assert fake.runs[run.external_id].answers == []
+        h.vt.advance(1)
+        await asyncio.wait_for(h.call.wait_said("so I denied it"), SAFETY_S)
+        assert fake.runs[run.external_id].answers == [{"choice": "deny", "request_id": request_id}]
+        assert (await h.until(1, lambda t: t.state is RunState.RUNNING)).approval is None
+        fake.assert_clean()
+
+
+async def test_a_choice_the_question_does_not_offer_is_refused(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+        await h.service.delegate("deploy the site")
+        run = await accepted(h, 1)
+        await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
+        fake.request_approval(run.external_id, choices=("once", "deny"))
+        await h.until(1, lambda t: t.state is RunState.WAITING_FOR_APPROVAL)
+        assert "allows only once, deny" in (await h.service.resolve_approval(1, "session"))["error"]
+        assert fake.runs[run.external_id].answers == []
+
+
+# -- steering --------------------------------------------------------------------------------------
+
+async def test_a_note_is_queued_then_landed_only_when_the_lane_shows_it_consumed(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+        await h.service.delegate("audit the auth module")
+        run = await accepted(h, 1)
+        await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
+        answer = await h.service.steer(1, "focus on the token refresh", requester_id=111)
+        assert answer["state"] == "queued" and "not yet shown to be read" in answer["summary"]
+        sent = fake.runs[run.external_id].steers[0]
+        assert sent.endswith("] focus on the token refresh") and sent.startswith("[sb-")
+        # run.steered arrives (the server's own acknowledgement): still only queued
+        notes = await h.notes(1, lambda rs: rs and rs[0].seen_pending)
+        assert notes[0].state is SteerState.QUEUED
+        assert (await h.service.check(1))["notes"][0]["state"] == "queued"
+        fake.consume_steer(run.external_id)
+        notes = await h.notes(1, lambda rs: rs[0].state is not SteerState.QUEUED)
+        assert notes[0].state is SteerState.LANDED
+        view = (await h.service.check(1))["notes"][0]
+        assert view["state"] == "landed" and "consumed" in view["meaning"]
+        fake.complete(run.external_id, "done")
+        await h.delivered(1)
+        assert (await h.service.repo.receipts(1))[0].state is SteerState.LANDED
+        fake.assert_clean()
+
+
+async def test_a_note_never_shown_consumed_is_unconfirmed_when_the_run_completes(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+        await h.service.delegate("audit the auth module")
+        run = await accepted(h, 1)
+        await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
+        await h.service.steer(1, "also check logging")
+        fake.complete(run.external_id, "done", leave_pending=True)  # the final status still lists it
+        await h.delivered(1)
+        notes = await h.notes(1, lambda rs: rs[0].state is not SteerState.QUEUED)
+        assert notes[0].state is SteerState.UNCONFIRMED
+        assert "without any proof" in (await h.service.check(1))["notes"][0]["meaning"]
+
+
+async def test_stopping_supersedes_queued_notes_and_the_run_ends_cancelled(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+        await h.service.delegate("audit the auth module")
+        run = await accepted(h, 1)
+        await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
+        await h.service.steer(1, "also check logging")
+        stopped = await h.service.stop(1, "wrong repo", requester_id=111)
+        assert stopped["summary"] == "stopping run 1 (hermes-api says stopping)"
+        assert "superseded" in stopped["notes"]
+        done = await h.delivered(1)
+        assert done.state is RunState.CANCELLED and done.stop.by == 111 and done.error == "stopped: wrong repo"
+        assert h.call.said == ["Run 1 (audit the auth module) was stopped."]
+        assert (await h.service.repo.receipts(1))[0].state is SteerState.SUPERSEDED
+        assert (await h.service.stop(1))["summary"] == "run 1 already stopped"
+        assert "cannot reach it" in (await h.service.steer(1, "late"))["error"]
+        fake.assert_clean()
+
+
+async def test_a_stop_before_the_lane_accepted_is_carried_out_when_it_does(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+        gate = fake.hold_submissions()
+        await h.service.delegate("audit the auth module")
+        await asyncio.wait_for(fake.submission_held.wait(), SAFETY_S)
+        answer = await h.service.stop(1)
+        assert answer["summary"] == "run 1 will be stopped as soon as hermes-api accepts it"
+        gate.set()
+        done = await h.delivered(1)
+        assert done.state is RunState.CANCELLED
+        assert any(r["path"].endswith("/stop") for r in fake.requests)
+
+
+async def test_command_runs_cannot_take_notes_but_can_be_stopped_with_their_process_group(tmp_path):
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    async with harness(tmp_path, lanes=("command",), command=agent_command("hang", "--ready", str(fifo))) as h:
+        await h.service.delegate("watch the logs")
+        leader, child = (int(p) for p in (await read_fifo(fifo)).split())
+        watches = [ProcessWatch(leader), ProcessWatch(child)]
+        await accepted(h, 1)
+        refusal = await h.service.steer(1, "look at nginx too")
+        assert "no way to pass a note" in refusal["error"] and "stop it instead" in refusal["error"]
+        agents = await h.service.list_agents()
+        assert agents["agents"][0]["control"] == "stop only"
+        assert (await h.service.stop(1))["state"] == "stopping"
+        done = await h.delivered(1)
+        assert done.state is RunState.CANCELLED
+        for watch in watches:
+            await watch.exited()
+
+
+async def test_list_agents_marks_what_can_be_steered(tmp_path):
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    async with FakeHermes(key=KEY) as fake, harness(
+            tmp_path, fake=fake, command=agent_command("hang", "--ready", str(fifo))) as h:
+        await h.service.delegate("audit the auth module")
+        api_run = await accepted(h, 1)
+        h.service.config = RunsConfig(lanes=("command",), command=h.service.config.command)
+        await h.service.delegate("watch the logs")
+        await read_fifo(fifo)
+        await accepted(h, 2)
+        agents = await h.service.list_agents()
+        assert [(a["run"], a["lane"], a["control"]) for a in agents["agents"]] == [
+            (1, "hermes-api", "steer or stop"), (2, "command", "stop only")]
+        assert agents["summary"] == "run 1 on hermes-api (steer or stop); run 2 on command (stop only)"
+        await h.service.stop(2)
+        fake.complete(api_run.external_id, "ok")
+        await h.delivered(1)
+        await h.delivered(2)
+        assert (await h.service.list_agents())["agents"] == []
+
+
+async def test_a_run_past_its_budget_is_stopped_and_failed(tmp_path):
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    async with harness(tmp_path, lanes=("command",), timeout_s=1800,
+                       command=agent_command("hang", "--ready", str(fifo))) as h:
+        await h.service.delegate("watch the logs")
+        leader, _ = (int(p) for p in (await read_fifo(fifo)).split())
+        watch = ProcessWatch(leader)
+        await accepted(h, 1)
+        await h.vt.wait_sleeper(lambda d: d == 1800)
+        h.vt.advance(1800)
+        done = await h.delivered(1)
+        assert done.state is RunState.FAILED and done.error == "it ran past its 30 minutes budget"
+        assert h.call.said == ["Run 1 (watch the logs) failed: it ran past its 30 minutes budget"]
+        await watch.exited()
+
+
+async def test_a_failing_command_reports_its_error(tmp_path):
+    async with harness(tmp_path, lanes=("command",), command=agent_command("fail")) as h:
+        await h.service.delegate("do the impossible")
+        done = await h.delivered(1)
+        assert done.state is RunState.FAILED and "the model refused the task" in done.error
+        assert "failed: `" in h.call.said[0]
+        assert (await h.service.check(1))["error"].startswith("`")
+
+
+# -- restart recovery ------------------------------------------------------------------------------
+
+async def test_a_restart_reconciles_every_run_the_crashed_instance_left(tmp_path):
+    fifo = tmp_path / "ready"
+    os.mkfifo(fifo)
+    hang = agent_command("hang", "--ready", str(fifo))
+    async with FakeHermes(key=KEY) as fake:
+        vt = VirtualTime()
+        async with harness(tmp_path, fake=fake, vt=vt, command=hang, owner="old-host:1:1:dead",
+                           crash=True) as first:
+            for task in ("finishes meanwhile", "fails meanwhile", "still going"):
+                await first.service.delegate(task)
+            runs = [await accepted(first, n) for n in (1, 2, 3)]
+            first.service.config = RunsConfig(lanes=("command",), command=hang)
+            await first.service.delegate("a detached command")
+            leader = ProcessWatch(int((await read_fifo(fifo)).split()[0]))
+            command_run = await accepted(first, 4)
+            # recorded, but the process died before the lane was asked
+            unsent = await first.service.repo.create(lane="hermes-api", task="never submitted", requester_id=None,
+                                                     owner="old-host:1:1:dead", idempotency_key="switchboard-unsent",
+                                                     now=vt.clock())
+        # the first instance is gone without finishing anything; meanwhile on Hermes:
+        fake.set_status(runs[0].external_id, "completed", output="it finished")
+        fake.set_status(runs[1].external_id, "failed", error="out of credits")
+        before = fake.submissions
+
+        async with harness(tmp_path, fake=fake, vt=vt, command=hang) as second:
+            assert (await second.service.get(1)).state is RunState.COMPLETED
+            assert (await second.service.get(2)).state is RunState.FAILED
+            lost = await second.service.get(4)
+            assert lost.state is RunState.LOST and "cannot be re-attached" in lost.error
+            assert "still runs" in lost.error
+            still = await second.service.get(3)
+            assert still.state is RunState.RUNNING and still.owner == second.service.owner
+            replayed = await second.service.get(unsent.id)
+            assert replayed.state is RunState.RUNNING and fake.submissions == before + 1
+            for n in (1, 2, 4):
+                await second.delivered(n)
+            assert {t.id for t in second.sink.posted} == {1, 2, 4}
+            assert "Run 1 (finishes meanwhile) finished: it finished" in second.call.said
+            # the one still going is followed again (its stream is gone: by status) until it ends
+            await second.vt.wait_sleeper(lambda d: d == 5)
+            fake.set_status(runs[2].external_id, "completed", output="late but done")
+            second.vt.advance(5)
+            done = await second.delivered(3)
+            assert done.output == "late but done"
+            events = [e.kind for e in await second.service.repo.events(3)]
+            assert "reconcile" in events
+            fake.complete(replayed.external_id, "ok")
+            await second.delivered(unsent.id)
+        os.killpg(int(command_run.external_id.split(":")[0]), signal.SIGKILL)  # a lost run is not stopped
+        await leader.exited()
+        fake.assert_clean()
+
+
+async def test_a_claim_left_by_a_dead_deliverer_is_delivered_again(tmp_path):
+    async with harness(tmp_path, lanes=("command",), owner="old-host:1:1:dead", crash=True) as first:
+        await first.service.delegate("quick one")
+        await first.delivered(1)
+        # simulate: claimed, then the process died before announcing
+        await first.service.store.execute("UPDATE runs SET delivery = 'claimed', delivery_owner = ?, "
+                                          "announced = NULL WHERE id = 1", (first.service.owner,))
+    async with harness(tmp_path, lanes=("command",)) as second:
+        done = await second.delivered(1)
+        assert done.announced is True and len(second.call.said) == 1
+
+
+async def test_check_work_without_a_number_summarises_what_runs_and_what_landed(tmp_path):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+        assert (await h.service.check())["summary"] == "no background runs yet"
+        await h.service.delegate("first")
+        first = await accepted(h, 1)
+        fake.complete(first.external_id, "x" * 5000)
+        await h.delivered(1)
+        await h.service.delegate("second")
+        await accepted(h, 2)
+        overview = await h.service.check()
+        assert overview["summary"].startswith("run 2 is running on hermes-api")
+        assert "recently: run 1 finished" in overview["summary"]
+        detail = await h.service.check(1)
+        assert len(detail["output"]) <= 1502 and "switchboard runs show 1" in detail["output_note"]
+        with pytest.raises(LookupError):
+            await h.service.check(99)
+        assert {t.state for t in await h.service.tickets()} <= set(TERMINAL) | {RunState.RUNNING}
