@@ -10,7 +10,7 @@ import threading
 
 import discord
 import pytest
-from discord.voice_state import SocketReader, VoiceConnectionState
+from discord.voice_state import ConnectionFlowState, SocketReader, VoiceConnectionState
 
 from tests.support.dave_group import DaveGroup
 from tests.support.packets import DiscordSender, FakeConnection, dominant_frequency, opus_frames
@@ -114,7 +114,12 @@ async def test_voice_client_subclass_wires_hook_listener_and_hands_audio_to_the_
     vc = ListeningVoiceClient(client, _Channel())  # type: ignore[arg-type]
     try:
         assert vc._connection.hook is not None
-        assert vc.receiver.on_packet in vc._connection._socket_reader._callbacks
+        # Listening starts only once the handshake is done (IP discovery must reach discord.py).
+        assert vc.receiver.on_packet not in vc._connection.socket_listeners
+        vc._connection.state = ConnectionFlowState.connected
+        assert vc.receiver.on_packet in vc._connection.socket_listeners
+        vc._connection.state = ConnectionFlowState.disconnected
+        assert vc.receiver.on_packet not in vc._connection.socket_listeners
         received: list[tuple[int, int, int]] = []
         vc.add_sink(lambda u, s, p: received.append((u, s, len(p))))
         await vc._connection.hook(None, {"op": 5, "d": {"user_id": str(ALICE), "ssrc": 5, "speaking": 1}})

@@ -1,0 +1,193 @@
+"""What real Discord rejects, with its error bodies: message/embed limits and command definitions.
+
+Error shape (what discord.py's `HTTPException` parses): `{"code", "message", "errors"}` where
+`errors` nests by JSON path down to `{"_errors": [{"code", "message"}]}`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+Path = tuple[str | int, ...]
+
+CONTENT_MAX = 2000
+EMBEDS_MAX = 10
+EMBED_TOTAL_MAX = 6000
+EMBED_LIMITS = {"title": 256, "description": 4096}
+FIELDS_MAX, FIELD_NAME_MAX, FIELD_VALUE_MAX = 25, 256, 1024
+FOOTER_MAX, AUTHOR_MAX = 2048, 256
+# Flags a bot may set when creating a message: suppress embeds, ephemeral (interactions only),
+# suppress notifications, components v2.
+CREATE_FLAGS = (1 << 2) | (1 << 6) | (1 << 12) | (1 << 15)
+
+COMMAND_NAME = re.compile(r"^[-_'\w]{1,32}$")
+SUB_COMMAND, SUB_COMMAND_GROUP = 1, 2
+OPTION_TYPES = set(range(1, 12))
+OPTIONS_MAX, CHOICES_MAX = 25, 25
+
+
+class DiscordError(Exception):
+    """An HTTP error exactly as Discord would answer it."""
+
+    def __init__(self, status: int, code: int, message: str, errors: dict | None = None) -> None:
+        super().__init__(f"{status} {code} {message} {errors or ''}")
+        self.status, self.code, self.message, self.errors = status, code, message, errors
+
+    def body(self) -> dict:
+        body: dict[str, Any] = {"message": self.message, "code": self.code}
+        if self.errors is not None:
+            body["errors"] = self.errors
+        return body
+
+
+UNAUTHORIZED = DiscordError(401, 0, "401: Unauthorized")
+MISSING_PERMISSIONS = DiscordError(403, 50013, "Missing Permissions")
+UNKNOWN_CHANNEL = DiscordError(404, 10003, "Unknown Channel")
+UNKNOWN_GUILD = DiscordError(404, 10004, "Unknown Guild")
+UNKNOWN_WEBHOOK = DiscordError(404, 10015, "Unknown Webhook")
+UNKNOWN_MESSAGE = DiscordError(404, 10008, "Unknown Message")
+UNKNOWN_INTERACTION = DiscordError(404, 10062, "Unknown interaction")
+ALREADY_ACKNOWLEDGED = DiscordError(400, 40060, "Interaction has already been acknowledged.")
+EMPTY_MESSAGE = DiscordError(400, 50006, "Cannot send an empty message")
+INVALID_JSON = DiscordError(400, 50109, "The request body contains invalid JSON.")
+NOT_FOUND = DiscordError(404, 0, "404: Not Found")
+
+
+class _Form:
+    """Collects field errors; `raise_if_any` raises 50035 Invalid Form Body with all of them."""
+
+    def __init__(self) -> None:
+        self.errors: dict = {}
+
+    def add(self, path: Path, code: str, message: str) -> None:
+        node = self.errors
+        for key in path:
+            node = node.setdefault(str(key), {})
+        node.setdefault("_errors", []).append({"code": code, "message": message})
+
+    def max_length(self, path: Path, value: Any, limit: int) -> None:
+        if isinstance(value, str) and len(value) > limit:
+            self.add(path, "BASE_TYPE_MAX_LENGTH", f"Must be {limit} or fewer in length.")
+
+    def raise_if_any(self) -> None:
+        if self.errors:
+            raise DiscordError(400, 50035, "Invalid Form Body", self.errors)
+
+
+def check_message(body: Any, *, at: Path = (), ephemeral_allowed: bool = False, edit: bool = False) -> None:
+    """Raise `DiscordError` for a message create/edit body Discord would refuse."""
+    if not isinstance(body, dict):
+        raise DiscordError(400, 50035, "Invalid Form Body",
+                           _single(at, "DICT_TYPE_CONVERT", "Only dictionaries may be used in a DictType"))
+    form = _Form()
+    content, embeds = body.get("content"), body.get("embeds")
+    if content is not None and not isinstance(content, str):
+        form.add((*at, "content"), "BASE_TYPE_STRING", "Must be a string.")
+    form.max_length((*at, "content"), content, CONTENT_MAX)
+    if embeds is not None:
+        _check_embeds(form, (*at, "embeds"), embeds)
+    flags = body.get("flags") or 0
+    allowed = CREATE_FLAGS if ephemeral_allowed else CREATE_FLAGS & ~(1 << 6)
+    if not isinstance(flags, int) or flags & ~allowed:
+        form.add((*at, "flags"), "MESSAGE_FLAGS_INVALID", "Invalid flags")
+    form.raise_if_any()
+    if not edit and not (content or embeds or body.get("components") or body.get("attachments")
+                         or body.get("sticker_ids") or body.get("poll")):
+        raise EMPTY_MESSAGE
+
+
+def _check_embeds(form: _Form, at: Path, embeds: Any) -> None:
+    if not isinstance(embeds, list):
+        form.add(at, "BASE_TYPE_LIST", "Must be a list.")
+        return
+    if len(embeds) > EMBEDS_MAX:
+        form.add(at, "BASE_TYPE_MAX_LENGTH", f"Must be {EMBEDS_MAX} or fewer in length.")
+    total = 0
+    for i, embed in enumerate(embeds):
+        for key, limit in EMBED_LIMITS.items():
+            form.max_length((*at, i, key), embed.get(key), limit)
+        fields = embed.get("fields") or []
+        if len(fields) > FIELDS_MAX:
+            form.add((*at, i, "fields"), "BASE_TYPE_MAX_LENGTH", f"Must be {FIELDS_MAX} or fewer in length.")
+        for j, fld in enumerate(fields):
+            for key, limit in (("name", FIELD_NAME_MAX), ("value", FIELD_VALUE_MAX)):
+                if not fld.get(key):
+                    form.add((*at, i, "fields", j, key), "BASE_TYPE_REQUIRED", "This field is required")
+                form.max_length((*at, i, "fields", j, key), fld.get(key), limit)
+        footer, author = embed.get("footer") or {}, embed.get("author") or {}
+        form.max_length((*at, i, "footer", "text"), footer.get("text"), FOOTER_MAX)
+        form.max_length((*at, i, "author", "name"), author.get("name"), AUTHOR_MAX)
+        color = embed.get("color")
+        if color is not None and not (isinstance(color, int) and 0 <= color <= 0xFFFFFF):
+            form.add((*at, i, "color"), "NUMBER_TYPE_MAX", "int value should be less than or equal to 16777215.")
+        texts = [embed.get("title"), embed.get("description"), footer.get("text"), author.get("name"),
+                 *(f.get("name") for f in fields), *(f.get("value") for f in fields)]
+        total += sum(len(t) for t in texts if isinstance(t, str))
+    if total > EMBED_TOTAL_MAX:
+        form.add(at, "MAX_EMBED_SIZE_EXCEEDED", f"Embed size exceeds maximum size of {EMBED_TOTAL_MAX}")
+
+
+def _single(at: Path, code: str, message: str) -> dict:
+    form = _Form()
+    form.add(at or ("_",), code, message)
+    return form.errors
+
+
+def check_commands(commands: Any) -> None:
+    """Raise `DiscordError` for a bulk-overwrite body Discord would refuse (names, nesting, limits)."""
+    if not isinstance(commands, list):
+        raise DiscordError(400, 50035, "Invalid Form Body", _single((), "BASE_TYPE_LIST", "Must be a list."))
+    form = _Form()
+    seen: set[tuple[str, int]] = set()
+    for i, command in enumerate(commands):
+        kind = command.get("type", 1)
+        name = command.get("name")
+        if (name, kind) in seen:
+            form.add((i, "name"), "APPLICATION_COMMANDS_DUPLICATE_NAME", f"Application command names must be unique: {name}")
+        seen.add((name, kind))
+        if kind == 1:
+            _check_chat_input(form, (i,), command, depth=0)
+        elif command.get("options") or command.get("description"):
+            form.add((i,), "APPLICATION_COMMAND_INVALID", "Context menu commands take no options or description")
+    form.raise_if_any()
+
+
+def _check_chat_input(form: _Form, at: Path, node: dict, *, depth: int) -> None:
+    name, description = node.get("name"), node.get("description")
+    if not (isinstance(name, str) and COMMAND_NAME.match(name) and name == name.lower()):
+        form.add((*at, "name"), "APPLICATION_COMMAND_INVALID_NAME", f"Command name is invalid: {name!r}")
+    if not (isinstance(description, str) and 1 <= len(description) <= 100):
+        form.add((*at, "description"), "BASE_TYPE_BAD_LENGTH", "Must be between 1 and 100 in length.")
+    options = node.get("options") or []
+    if len(options) > OPTIONS_MAX:
+        form.add((*at, "options"), "BASE_TYPE_MAX_LENGTH", f"Must be {OPTIONS_MAX} or fewer in length.")
+    kinds = [o.get("type") for o in options]
+    subs = [k in (SUB_COMMAND, SUB_COMMAND_GROUP) for k in kinds]
+    if any(subs) and not all(subs):
+        form.add((*at, "options"), "APPLICATION_COMMAND_OPTIONS_TYPE_INVALID",
+                 "Sub-command and sub-command group option types are mutually exclusive to all other types")
+    names = [o.get("name") for o in options]
+    if len(set(names)) != len(names):
+        form.add((*at, "options"), "APPLICATION_COMMAND_OPTIONS_DUPLICATE_NAME", "Option names must be unique")
+    seen_optional = False
+    for j, option in enumerate(options):
+        where, kind = (*at, "options", j), option.get("type")
+        if kind not in OPTION_TYPES:
+            form.add((*where, "type"), "BASE_TYPE_CHOICES", f"Value must be one of {sorted(OPTION_TYPES)}.")
+        elif kind == SUB_COMMAND_GROUP and depth > 0 or kind == SUB_COMMAND and depth > 1:
+            form.add((*where, "type"), "APPLICATION_COMMAND_OPTIONS_TYPE_INVALID", "Sub-commands nest at most group > command")
+        elif kind == SUB_COMMAND_GROUP and any(o.get("type") != SUB_COMMAND for o in option.get("options") or []):
+            form.add((*where, "options"), "APPLICATION_COMMAND_OPTIONS_TYPE_INVALID", "Groups contain only sub-commands")
+        if kind in (SUB_COMMAND, SUB_COMMAND_GROUP):
+            _check_chat_input(form, where, option, depth=depth + 1)
+            continue
+        _check_chat_input(form, where, {**option, "options": None}, depth=depth + 1)
+        if option.get("required"):
+            if seen_optional:
+                form.add((*where, "required"), "APPLICATION_COMMAND_OPTIONS_REQUIRED_INVALID",
+                         "Required options must be placed before non-required options")
+        else:
+            seen_optional = True
+        if len(option.get("choices") or []) > CHOICES_MAX:
+            form.add((*where, "choices"), "BASE_TYPE_MAX_LENGTH", f"Must be {CHOICES_MAX} or fewer in length.")

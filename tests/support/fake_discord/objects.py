@@ -1,0 +1,162 @@
+"""The fake's world (one guild, its channels, members and voice states) and Discord's JSON shapes.
+
+Payloads follow Discord's API v10 objects as discord.py 2.7.1 parses them (`discord/types/*.py`);
+ids are strings on the wire, as Discord sends them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+from dataclasses import dataclass, field
+
+DISCORD_EPOCH_MS = 1_420_070_400_000
+# 2026-12-01T00:00:00Z: a fixed base keeps ids deterministic and ordered by creation.
+_BASE_MS = 1_796_083_200_000 - DISCORD_EPOCH_MS
+
+TEXT, VOICE = 0, 2  # channel types
+EPHEMERAL = 1 << 6
+LOADING = 1 << 7
+# What a plain member may do: create invite, add reactions, view, send, embed links, attach files,
+# read history, connect, speak, voice activity, change nickname, use application commands.
+MEMBER_PERMISSIONS = sum(1 << bit for bit in (0, 6, 10, 11, 14, 15, 16, 20, 21, 25, 26, 31))
+BOT_PERMISSIONS = MEMBER_PERMISSIONS
+
+
+class Snowflakes:
+    """Discord-shaped ids, strictly increasing: one millisecond per id from a fixed base."""
+
+    def __init__(self) -> None:
+        self._ms = itertools.count(_BASE_MS)
+
+    def __call__(self) -> int:
+        return next(self._ms) << 22
+
+
+def iso_now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat()
+
+
+@dataclass
+class SimUser:
+    """A Discord account in the fake: a simulated person, or the bot itself."""
+
+    id: int
+    username: str
+    nick: str | None = None
+    bot: bool = False
+    permissions: int = MEMBER_PERMISSIONS
+
+    def user_payload(self) -> dict:
+        return {"id": str(self.id), "username": self.username, "discriminator": "0",
+                "global_name": None if self.bot else self.username.title(), "avatar": None,
+                "bot": self.bot, "public_flags": 0}
+
+    def member_payload(self, guild: Guild, *, with_permissions: bool = False) -> dict:
+        member = {"user": self.user_payload(), "nick": self.nick, "avatar": None, "roles": [],
+                  "joined_at": guild.created_at, "premium_since": None, "deaf": False, "mute": False,
+                  "flags": 0, "pending": False, "communication_disabled_until": None}
+        if with_permissions:  # interaction members carry their resolved permissions
+            member["permissions"] = str(self.permissions)
+        return member
+
+
+@dataclass
+class Channel:
+    id: int
+    type: int
+    name: str
+    guild_id: int
+    position: int
+
+    def payload(self) -> dict:
+        data = {"id": str(self.id), "type": self.type, "name": self.name, "guild_id": str(self.guild_id),
+                "position": self.position, "permission_overwrites": [], "parent_id": None,
+                "nsfw": False, "flags": 0, "rate_limit_per_user": 0, "last_message_id": None}
+        if self.type == VOICE:
+            data.update(bitrate=64_000, user_limit=0, rtc_region=None)
+        else:
+            data["topic"] = None
+        return data
+
+
+@dataclass
+class Guild:
+    """The guild the bot is in: a text and a voice channel, members, who sits in which voice channel."""
+
+    id: int
+    name: str
+    owner_id: int
+    text_channel: Channel
+    voice_channel: Channel
+    members: dict[int, SimUser] = field(default_factory=dict)
+    voice: dict[int, int] = field(default_factory=dict)  # user id -> voice channel id
+    voice_sessions: dict[int, str] = field(default_factory=dict)  # user id -> voice session id
+    self_flags: dict[int, tuple[bool, bool]] = field(default_factory=dict)  # user id -> (self_mute, self_deaf)
+    created_at: str = field(default_factory=iso_now)
+
+    @property
+    def channels(self) -> list[Channel]:
+        return [self.text_channel, self.voice_channel]
+
+    def channel(self, channel_id: int) -> Channel | None:
+        return next((c for c in self.channels if c.id == channel_id), None)
+
+    def everyone_role(self) -> dict:
+        return {"id": str(self.id), "name": "@everyone", "color": 0, "hoist": False, "icon": None,
+                "unicode_emoji": None, "position": 0, "permissions": str(MEMBER_PERMISSIONS),
+                "managed": False, "mentionable": False, "flags": 0}
+
+    def voice_state(self, user_id: int) -> dict:
+        user = self.members[user_id]
+        self_mute, self_deaf = self.self_flags.get(user_id, (False, False))
+        return {"guild_id": str(self.id), "channel_id": _str_or_none(self.voice.get(user_id)),
+                "user_id": str(user_id), "member": user.member_payload(self),
+                "session_id": self.voice_sessions.get(user_id, ""), "deaf": False, "mute": False,
+                "self_deaf": self_deaf, "self_mute": self_mute, "self_video": False, "suppress": False,
+                "request_to_speak_timestamp": None}
+
+    def create_payload(self, bot_id: int, *, voice_intent: bool) -> dict:
+        """GUILD_CREATE: without GUILD_MEMBERS Discord sends only the bot and members in voice."""
+        shown = {bot_id} | (set(self.voice) if voice_intent else set())
+        states = [self.voice_state(uid) for uid in self.voice] if voice_intent else []
+        for state in states:  # inside GUILD_CREATE, voice states omit guild_id and member
+            state.pop("guild_id")
+            state.pop("member")
+        return {
+            "id": str(self.id), "name": self.name, "icon": None, "splash": None, "discovery_splash": None,
+            "owner_id": str(self.owner_id), "afk_channel_id": None, "afk_timeout": 300,
+            "verification_level": 1, "default_message_notifications": 1, "explicit_content_filter": 0,
+            "roles": [self.everyone_role()], "emojis": [], "stickers": [], "features": [],
+            "mfa_level": 0, "application_id": None, "system_channel_id": str(self.text_channel.id),
+            "system_channel_flags": 0, "rules_channel_id": None, "vanity_url_code": None,
+            "description": None, "banner": None, "premium_tier": 0, "premium_subscription_count": 0,
+            "preferred_locale": "en-US", "public_updates_channel_id": None, "nsfw_level": 0,
+            "premium_progress_bar_enabled": False, "safety_alerts_channel_id": None,
+            "joined_at": self.created_at, "large": False, "unavailable": False,
+            "member_count": len(self.members), "voice_states": states,
+            "members": [self.members[uid].member_payload(self) for uid in sorted(shown)],
+            "channels": [c.payload() for c in self.channels], "threads": [], "presences": [],
+            "stage_instances": [], "guild_scheduled_events": [], "soundboard_sounds": [],
+        }
+
+
+def _str_or_none(value: int | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def message_payload(*, message_id: int, channel_id: int, guild_id: int | None, author: SimUser,
+                    body: dict, message_type: int = 0, application_id: int | None = None,
+                    flags: int = 0) -> dict:
+    """A message as Discord returns it after creating it from a validated request `body`."""
+    embeds = [{"type": "rich", **embed} for embed in body.get("embeds") or []]
+    data = {"id": str(message_id), "channel_id": str(channel_id), "author": author.user_payload(),
+            "content": body.get("content") or "", "timestamp": iso_now(), "edited_timestamp": None,
+            "tts": bool(body.get("tts")), "mention_everyone": False, "mentions": [], "mention_roles": [],
+            "attachments": [], "embeds": embeds, "pinned": False, "type": message_type,
+            "flags": flags, "components": body.get("components") or []}
+    if guild_id is not None:
+        data["guild_id"] = str(guild_id)
+    if application_id is not None:
+        data["application_id"] = data["webhook_id"] = str(application_id)
+    return data

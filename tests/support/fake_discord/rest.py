@@ -1,0 +1,254 @@
+"""The REST half of the fake (`/api/v10/...`): login, command sync, interaction responses, messages.
+
+Every request is recorded in the journal with the status the fake answered. Bot routes need
+`Authorization: Bot <token>` (401 otherwise, which discord.py turns into `LoginFailure` at login);
+interaction callbacks and webhooks carry no Authorization, as discord.py sends them. Bodies are
+checked by `checks.py`; errors use Discord's codes and shapes. Responses are `application/json`
+exactly (discord.py only parses that).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+
+from .checks import (
+    ALREADY_ACKNOWLEDGED,
+    INVALID_JSON,
+    NOT_FOUND,
+    UNAUTHORIZED,
+    UNKNOWN_CHANNEL,
+    UNKNOWN_GUILD,
+    UNKNOWN_INTERACTION,
+    UNKNOWN_MESSAGE,
+    UNKNOWN_WEBHOOK,
+    DiscordError,
+    check_commands,
+    check_message,
+)
+from .journal import RestCall
+from .objects import EPHEMERAL, LOADING, message_payload
+from .state import DiscordState, PendingInteraction
+
+API_PREFIX = "/api/v10"
+# Interaction callback types allowed for an APPLICATION_COMMAND interaction.
+MESSAGE, DEFERRED, MODAL = 4, 5, 9
+CHAT_INPUT_COMMAND_MESSAGE = 20  # message type of an interaction's response
+BODY = web.RequestKey("body", object)  # the parsed JSON body, set by the middleware
+
+
+def json_response(status: int, data: Any) -> web.Response:
+    return web.Response(status=status, body=json.dumps(data).encode(),
+                        headers={"Content-Type": "application/json"})
+
+
+class RestApi:
+    """aiohttp routes over a `DiscordState`; mount with `app.add_subapp(API_PREFIX, api.app)`."""
+
+    def __init__(self, state: DiscordState) -> None:
+        self.state = state
+        self.app = web.Application(middlewares=[self._middleware])
+        bot, hook = self._bot, self._webhook
+        r = self.app.router
+        r.add_get("/users/@me", bot(self.get_me))
+        r.add_get("/oauth2/applications/@me", bot(self.get_application))
+        r.add_route("*", "/applications/{app}/commands", bot(self.commands))
+        r.add_route("*", "/applications/{app}/guilds/{guild}/commands", bot(self.commands))
+        r.add_get("/channels/{channel}", bot(self.get_channel))
+        r.add_post("/channels/{channel}/messages", bot(self.create_message))
+        r.add_post("/interactions/{interaction}/{token}/callback", hook(self.interaction_callback))
+        r.add_post("/webhooks/{app}/{token}", hook(self.followup))
+        r.add_route("*", "/webhooks/{app}/{token}/messages/{message}", hook(self.webhook_message))
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        raw = await request.read()
+        call = RestCall(request.method, request.path, dict(request.query), dict(request.headers), None)
+        self.state.journal.rest.append(call)
+        try:
+            if raw:
+                if request.headers.get("Content-Type") != "application/json":
+                    raise DiscordError(400, 50035, "Invalid Form Body", {"_errors": [
+                        {"code": "CONTENT_TYPE_INVALID", "message": "Expected application/json"}]})
+                try:
+                    call.body = json.loads(raw)
+                except ValueError:
+                    raise INVALID_JSON from None
+            request[BODY] = call.body
+            response = await handler(request)
+        except web.HTTPNotFound:
+            self.state.journal.violation(f"unknown route {request.method} {request.path}")
+            response = json_response(NOT_FOUND.status, NOT_FOUND.body())
+        except web.HTTPMethodNotAllowed:
+            self.state.journal.violation(f"method not allowed {request.method} {request.path}")
+            response = json_response(405, {"message": "405: Method Not Allowed", "code": 0})
+        except DiscordError as exc:
+            response = json_response(exc.status, exc.body())
+        call.status = response.status
+        call.response = json.loads(response.body) if isinstance(response.body, bytes) and response.body else None
+        self.state.journal.changed()
+        return response
+
+    def _bot(self, handler: Any) -> Any:
+        async def checked(request: web.Request) -> web.StreamResponse:
+            if request.headers.get("Authorization") != f"Bot {self.state.token}":
+                raise UNAUTHORIZED
+            if not request.headers.get("User-Agent", "").startswith("DiscordBot ("):
+                self.state.journal.violation(f"bot request without a DiscordBot User-Agent: {request.path}")
+            return await handler(request)
+        return checked
+
+    def _webhook(self, handler: Any) -> Any:
+        return handler  # interaction and webhook-token routes are authorised by their token alone
+
+    @staticmethod
+    def _snowflake(request: web.Request, key: str) -> int:
+        try:
+            return int(request.match_info[key])
+        except ValueError:
+            raise DiscordError(400, 50035, "Invalid Form Body", {key: {"_errors": [
+                {"code": "NUMBER_TYPE_COERCE", "message": "Value is not snowflake."}]}}) from None
+
+    # -- login ------------------------------------------------------------------------------
+
+    async def get_me(self, request: web.Request) -> web.Response:
+        me = {**self.state.bot.user_payload(), "verified": True, "mfa_enabled": False, "flags": 0,
+              "locale": "en-US", "email": None, "banner": None, "accent_color": None}
+        return json_response(200, me)
+
+    async def get_application(self, request: web.Request) -> web.Response:
+        s = self.state
+        return json_response(200, {
+            "id": str(s.application_id), "name": s.bot.username, "icon": None, "description": "",
+            "summary": "", "type": None, "bot_public": False, "bot_require_code_grant": False,
+            "verify_key": "0" * 64, "owner": s.owner.user_payload(), "team": None, "flags": 0,
+            "bot": s.bot.user_payload(), "interactions_endpoint_url": None, "redirect_uris": [],
+            "approximate_guild_count": 1})
+
+    # -- application commands ---------------------------------------------------------------
+
+    async def commands(self, request: web.Request) -> web.Response:
+        if self._snowflake(request, "app") != self.state.application_id:
+            raise DiscordError(403, 20012, "You are not authorized to perform this action on this application")
+        guild_id = self._snowflake(request, "guild") if "guild" in request.match_info else None
+        if guild_id is not None and guild_id != self.state.guild.id:
+            raise UNKNOWN_GUILD
+        if request.method == "GET":
+            return json_response(200, self.state.commands_for(guild_id))
+        if request.method != "PUT":
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "PUT"])
+        check_commands(request[BODY])
+        return json_response(200, self.state.register_commands(guild_id, request[BODY]))
+
+    # -- channels ---------------------------------------------------------------------------
+
+    def _channel(self, request: web.Request) -> int:
+        channel_id = self._snowflake(request, "channel")
+        if channel_id in self.state.channel_failures:
+            raise self.state.channel_failures[channel_id]
+        if self.state.guild.channel(channel_id) is None:
+            raise UNKNOWN_CHANNEL
+        return channel_id
+
+    async def get_channel(self, request: web.Request) -> web.Response:
+        return json_response(200, self.state.guild.channel(self._channel(request)).payload())
+
+    async def create_message(self, request: web.Request) -> web.Response:
+        channel_id = self._channel(request)
+        check_message(request[BODY])
+        body = request[BODY]
+        message = message_payload(message_id=self.state.ids(), channel_id=channel_id, guild_id=self.state.guild.id,
+                                  author=self.state.bot, body=body, flags=body.get("flags") or 0)
+        self.state.messages.append(message)
+        return json_response(200, message)
+
+    # -- interactions -----------------------------------------------------------------------
+
+    async def interaction_callback(self, request: web.Request) -> web.StreamResponse:
+        pending = self.state.interactions.get(self._snowflake(request, "interaction"))
+        if pending is None or pending.token != request.match_info["token"]:
+            raise UNKNOWN_INTERACTION
+        if pending.response is not None:
+            raise ALREADY_ACKNOWLEDGED
+        body = request[BODY] or {}
+        kind, data = body.get("type"), body.get("data")
+        if kind == MESSAGE:
+            check_message(data, at=("data",), ephemeral_allowed=True)
+        elif kind == DEFERRED:
+            if data is not None and (data.get("flags") or 0) & ~EPHEMERAL:
+                raise DiscordError(400, 50035, "Invalid Form Body", {"data": {"flags": {"_errors": [
+                    {"code": "MESSAGE_FLAGS_INVALID", "message": "Invalid flags"}]}}})
+        elif kind == MODAL:
+            if not (data and data.get("custom_id") and data.get("title") and data.get("components")):
+                raise DiscordError(400, 50035, "Invalid Form Body", {"data": {"_errors": [
+                    {"code": "BASE_TYPE_REQUIRED", "message": "custom_id, title and components are required"}]}})
+        else:
+            raise DiscordError(400, 50035, "Invalid Form Body", {"type": {"_errors": [
+                {"code": "INTERACTION_RESPONSE_TYPE_INVALID", "message": "Invalid interaction response type"}]}})
+        pending.response = body
+        flags = (data or {}).get("flags") or 0
+        if kind in (MESSAGE, DEFERRED):
+            pending.original = message_payload(
+                message_id=self.state.ids(), channel_id=pending.channel_id, guild_id=self.state.guild.id,
+                author=self.state.bot, body=data if kind == MESSAGE else {}, application_id=self.state.application_id,
+                message_type=CHAT_INPUT_COMMAND_MESSAGE, flags=flags | (LOADING if kind == DEFERRED else 0))
+        if request.query.get("with_response") not in ("1", "true", "True"):
+            return web.Response(status=204)
+        result: dict[str, Any] = {"interaction": {
+            "id": str(pending.id), "type": 2, "response_message_id": pending.original and pending.original["id"],
+            "response_message_loading": kind == DEFERRED, "response_message_ephemeral": bool(flags & EPHEMERAL)}}
+        if pending.original is not None:
+            result["resource"] = {"type": kind, "message": pending.original}
+        else:
+            result["resource"] = {"type": kind}
+        return json_response(200, result)
+
+    def _answered(self, request: web.Request) -> PendingInteraction:
+        pending = self.state.interaction_by_token(self._snowflake(request, "app"), request.match_info["token"])
+        if pending is None or pending.response is None:
+            raise UNKNOWN_WEBHOOK  # the webhook token only works once the interaction was answered
+        return pending
+
+    async def followup(self, request: web.Request) -> web.StreamResponse:
+        pending = self._answered(request)
+        check_message(request[BODY], ephemeral_allowed=True)
+        body = request[BODY]
+        message = message_payload(message_id=self.state.ids(), channel_id=pending.channel_id,
+                                  guild_id=self.state.guild.id, author=self.state.bot, body=body,
+                                  application_id=self.state.application_id, message_type=CHAT_INPUT_COMMAND_MESSAGE,
+                                  flags=body.get("flags") or 0)
+        pending.followups.append(message)
+        if request.query.get("wait") in ("1", "true", "True"):
+            return json_response(200, message)
+        return web.Response(status=204)
+
+    async def webhook_message(self, request: web.Request) -> web.StreamResponse:
+        pending = self._answered(request)
+        ref = request.match_info["message"]
+        target = pending.original if ref == "@original" else next(
+            (m for m in pending.followups if m["id"] == ref), None)
+        if target is None:
+            raise UNKNOWN_MESSAGE
+        if request.method == "GET":
+            return json_response(200, target)
+        if request.method == "DELETE":
+            if ref == "@original":
+                pending.original = None
+            else:
+                pending.followups.remove(target)
+            return web.Response(status=204)
+        if request.method != "PATCH":
+            raise web.HTTPMethodNotAllowed(request.method, ["GET", "PATCH", "DELETE"])
+        body = request[BODY] or {}
+        check_message(body, edit=True, ephemeral_allowed=True)
+        for key in ("content", "embeds", "components"):
+            if key in body:
+                target[key] = [{"type": "rich", **e} for e in body[key] or []] if key == "embeds" else body[key]
+        target["flags"] &= ~LOADING
+        target["edited_timestamp"] = target["timestamp"]
+        pending.edits.append(body)
+        return json_response(200, target)

@@ -1,0 +1,247 @@
+"""`FakeDiscord`: REST + gateway on one loopback HTTP port, voice gateway (TLS) + UDP on others.
+
+    async with FakeDiscord(voice=True, workdir=tmp_path) as fake:
+        alice = fake.add_user("alice", nick="Ali")
+        with point_discord_py_at(fake):           # or run a subprocess bot with fake.bot_env()
+            ...client.start(fake.token)...
+        pending = await fake.send_interaction("talk status", user=alice)
+        response = await fake.wait_response(pending)
+        fake.assert_clean()
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from .checks import MISSING_PERMISSIONS, UNKNOWN_CHANNEL, DiscordError
+from .gateway import Gateway, GatewaySession
+from .interactions import build_command_interaction
+from .journal import Journal
+from .objects import Channel, SimUser
+from .rest import API_PREFIX, RestApi, json_response
+from .speech import Speaker, hear_bot
+from .state import DiscordState, PendingInteraction
+from .tls import make_certificate, server_context
+from .voice_gateway import CLIENT_DISCONNECT, CLIENTS_CONNECT, SPEAKING, VoiceServer
+
+HOST = "127.0.0.1"
+
+
+class FakeDiscord:
+    """A strict loopback Discord for one bot in one guild (see the package README in docs/testing-discord.md)."""
+
+    def __init__(self, *, token: str = "fake-bot-token.Switchboard.0123456789", voice: bool = False,
+                 workdir: Path | None = None, allowed_privileged_intents: int = 0) -> None:
+        if voice and workdir is None:
+            raise ValueError("voice=True needs a workdir for the TLS certificate")
+        self.journal = Journal()
+        self.state = DiscordState(token=token, journal=self.journal,
+                                  allowed_privileged_intents=allowed_privileged_intents)
+        self.gateway = Gateway(self.state, self._on_bot_voice_request)
+        self.voice = VoiceServer(self.state) if voice else None
+        self.speakers: dict[int, Speaker] = {}
+        self.cert_path: Path | None = None
+        self.api_base = ""
+        self._workdir = workdir
+        self._runners: list[web.AppRunner] = []
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def __aenter__(self) -> FakeDiscord:
+        app = web.Application()
+        app.router.add_get("/", self.gateway.handle)
+        app.router.add_get("/api/v10/gateway", self._get_gateway)
+        app.router.add_get("/api/v10/gateway/bot", self._get_gateway)
+        app.add_subapp(API_PREFIX, RestApi(self.state).app)
+        port = await self._listen(app, None)
+        self.api_base = f"http://{HOST}:{port}{API_PREFIX}"
+        self.gateway.url = f"ws://{HOST}:{port}/"
+        if self.voice is not None:
+            self.cert_path, key_path = make_certificate(self._workdir)
+            voice_app = web.Application()
+            voice_app.router.add_get("/", self.voice.handle)
+            voice_port = await self._listen(voice_app, server_context(self.cert_path, key_path))
+            self.voice.endpoint = f"{HOST}:{voice_port}"
+            await asyncio.get_running_loop().create_datagram_endpoint(lambda: self.voice.udp, local_addr=(HOST, 0))
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self.voice is not None and self.voice.udp.transport is not None:
+            self.voice.udp.transport.close()
+        for runner in reversed(self._runners):
+            await runner.cleanup()
+
+    async def _listen(self, app: web.Application, ssl_context: Any) -> int:
+        runner = web.AppRunner(app, handle_signals=False, shutdown_timeout=1.0)
+        await runner.setup()
+        site = web.TCPSite(runner, HOST, 0, ssl_context=ssl_context)
+        await site.start()
+        self._runners.append(runner)
+        return site._server.sockets[0].getsockname()[1]
+
+    async def _get_gateway(self, request: web.Request) -> web.Response:
+        if request.path.endswith("/bot") and request.headers.get("Authorization") != f"Bot {self.token}":
+            return json_response(401, {"message": "401: Unauthorized", "code": 0})
+        body: dict[str, Any] = {"url": self.gateway.url}
+        if request.path.endswith("/bot"):
+            body.update(shards=1, session_start_limit={"total": 1000, "remaining": 999, "reset_after": 0,
+                                                       "max_concurrency": 1})
+        return json_response(200, body)
+
+    def bot_env(self) -> dict[str, str]:
+        """Environment for `tests.support.fake_discord.bot_runner` (and SSL_CERT_FILE for voice)."""
+        env = {"FAKE_DISCORD_API": self.api_base, "FAKE_DISCORD_GATEWAY": self.gateway.url,
+               "FAKE_DISCORD_TOKEN": self.token}
+        if self.cert_path is not None:
+            env["SSL_CERT_FILE"] = str(self.cert_path)
+        return env
+
+    # -- the world ---------------------------------------------------------------------------
+
+    @property
+    def token(self) -> str:
+        return self.state.token
+
+    @property
+    def bot(self) -> SimUser:
+        return self.state.bot
+
+    @property
+    def guild_id(self) -> int:
+        return self.state.guild.id
+
+    @property
+    def text_channel(self) -> Channel:
+        return self.state.guild.text_channel
+
+    @property
+    def voice_channel(self) -> Channel:
+        return self.state.guild.voice_channel
+
+    def add_user(self, username: str, nick: str | None = None) -> SimUser:
+        """A guild member the test can act as."""
+        return self.state.new_user(username, nick)
+
+    def fail_channel(self, channel_id: int, failure: str) -> None:
+        """Make every request on a channel fail: "forbidden" (403 50013) or "unknown" (404 10003)."""
+        self.state.channel_failures[channel_id] = {"forbidden": MISSING_PERMISSIONS,
+                                                   "unknown": UNKNOWN_CHANNEL}[failure]
+
+    # -- gateway -----------------------------------------------------------------------------
+
+    async def wait_gateway_ready(self, timeout: float = 15.0) -> GatewaySession:
+        """The bot's identified gateway session, once READY (and GUILD_CREATE) went out."""
+        await self.journal.wait_for(lambda: self.journal.dispatched("READY"), timeout)
+        return self.gateway.current
+
+    async def send_interaction(self, command: str, options: dict[str, Any] | None = None, *,
+                               user: SimUser, channel: Channel | None = None) -> PendingInteraction:
+        """Dispatch INTERACTION_CREATE for a synced slash command, e.g. `send_interaction("talk status", user=u)`."""
+        pending = build_command_interaction(self.state, command, options, user, channel or self.text_channel)
+        session = self.gateway.current
+        assert session is not None, "the bot has no gateway session"
+        await session.dispatch("INTERACTION_CREATE", pending.payload)
+        return pending
+
+    async def wait_response(self, pending: PendingInteraction, timeout: float = 15.0) -> dict:
+        """The bot's interaction callback body `{type, data}`."""
+        await self.journal.wait_for(lambda: pending.response is not None, timeout)
+        return pending.response
+
+    async def voice_state_update(self, user: SimUser, channel_id: int | None) -> None:
+        """Move a simulated user into (or out of) a voice channel and tell the bot's gateway."""
+        guild = self.state.guild
+        if channel_id is None:
+            guild.voice.pop(user.id, None)
+        else:
+            guild.voice[user.id] = channel_id
+            guild.voice_sessions[user.id] = self.state.new_token()[:32]
+        session = self.gateway.current
+        if session is not None and session.voice_intent:
+            await session.dispatch("VOICE_STATE_UPDATE", guild.voice_state(user.id))
+
+    async def request_gateway_reconnect(self) -> None:
+        await self.gateway.request_reconnect()
+
+    async def _on_bot_voice_request(self, session: GatewaySession, channel_id: int | None,
+                                    self_mute: bool, self_deaf: bool) -> None:
+        guild, bot = self.state.guild, self.state.bot.id
+        guild.self_flags[bot] = (self_mute, self_deaf)
+        if channel_id is None:
+            guild.voice.pop(bot, None)
+            if self.voice is not None:
+                self.voice.revoke_tokens()
+        else:
+            guild.voice[bot] = channel_id
+            guild.voice_sessions[bot] = session.session_id
+        if session.voice_intent:  # Discord only tells bots with GUILD_VOICE_STATES
+            await session.dispatch("VOICE_STATE_UPDATE", guild.voice_state(bot))
+        if channel_id is not None:
+            if self.voice is None:
+                self.journal.violation("the bot joined voice but the fake was started without voice=True")
+                return
+            await session.dispatch("VOICE_SERVER_UPDATE", {"token": self.voice.issue_token(session.session_id),
+                                                           "guild_id": str(guild.id),
+                                                           "endpoint": self.voice.endpoint})
+
+    async def move_voice_server(self) -> None:
+        """VOICE_SERVER_UPDATE while connected (Discord moved the call): the bot must re-handshake."""
+        session = self.gateway.current
+        await session.dispatch("VOICE_SERVER_UPDATE", {"token": self.voice.issue_token(session.session_id),
+                                                       "guild_id": str(self.guild_id),
+                                                       "endpoint": self.voice.endpoint})
+
+    # -- voice -------------------------------------------------------------------------------
+
+    async def wait_bot_voice(self, timeout: float = 15.0) -> Any:
+        """The bot's current voice session once SESSION_DESCRIPTION went out."""
+        voice = self.voice
+        return await self.journal.wait_for(lambda: voice.bot_session if voice.bot_session
+                                           and voice.bot_session.described.is_set() else None, timeout)
+
+    async def join_voice(self, user: SimUser) -> Speaker:
+        """A simulated user enters the voice channel: gateway VOICE_STATE_UPDATE, op 11, DAVE round."""
+        await self.voice_state_update(user, self.voice_channel.id)
+        ssrc = self.voice.next_ssrc()
+        if self.voice.bot_session is not None:
+            await self.voice.bot_session.send_json(CLIENTS_CONNECT, {"user_ids": [str(user.id)]})
+        speaker = self.speakers[user.id] = Speaker(user.id, ssrc, await self.voice.relay.add_user(user.id))
+        return speaker
+
+    async def leave_voice(self, user: SimUser) -> None:
+        self.speakers.pop(user.id)
+        await self.voice.relay.remove_user(user.id)
+        if self.voice.bot_session is not None:
+            await self.voice.bot_session.send_json(CLIENT_DISCONNECT, {"user_id": str(user.id)})
+        await self.voice_state_update(user, None)
+
+    async def speak(self, user: SimUser, opus_frames: list[bytes], *, announce: bool = True) -> None:
+        """Relay a simulated user's Opus frames to the bot (op 5 SPEAKING first unless `announce=False`)."""
+        session = self.voice.bot_session
+        assert session is not None and session.described.is_set(), "the bot is not connected to voice"
+        speaker = self.speakers[user.id]
+        if announce:
+            await session.send_json(SPEAKING, {"user_id": str(user.id), "ssrc": speaker.ssrc, "speaking": 1})
+        for datagram in speaker.packets_for(session, opus_frames):
+            self.voice.udp.send(session.ssrc, datagram)
+
+    def hear_bot(self, listener: SimUser) -> tuple[list[bytes], int]:
+        """What `listener` (a simulated member) decodes from everything the bot sent so far."""
+        return hear_bot(self.voice.sessions, self.journal.udp, self.voice.relay.local[listener.id], self.bot.id)
+
+    # -- records -----------------------------------------------------------------------------
+
+    def rest_calls(self, method: str, path_suffix: str = "") -> list:
+        return [c for c in self.journal.rest if c.method == method and c.path.endswith(path_suffix)]
+
+    def assert_clean(self) -> None:
+        """Fail if the bot did anything real Discord would have refused or not understood."""
+        assert not self.journal.violations, "fake Discord saw protocol violations:\n" + "\n".join(
+            self.journal.violations)
+
+
+__all__ = ["FakeDiscord", "DiscordError"]
