@@ -18,7 +18,9 @@ from pathlib import Path
 from voice import __version__
 
 from . import doctor, talk
+from .compose import runs_config
 from .environment import DEFAULT_ENV_FILE, EnvFileError, read_variables
+from .runs import cli as runs_cli
 from .settings import SettingsReport, check_settings
 
 EXIT_USAGE = 2
@@ -38,6 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("doctor", help="read-only diagnostics: Python, libopus, davey, audio, settings, the key")
     talk.add_parser(sub)
+    runs_cli.add_parser(sub)
     return parser
 
 
@@ -71,6 +74,8 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         return EXIT_USAGE
     if args.command == "talk":
         return talk.run(report.settings, args)
+    if args.command == "runs":
+        return runs_cli.run(args, runs_config(report.settings), report.settings.home)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

@@ -16,6 +16,7 @@ import os
 import shlex
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from voice.audio import AudioFileError
@@ -24,11 +25,14 @@ from voice.engine import CallEngine, CallFailed
 from voice.identity import build_identity
 from voice.providers import ProviderConfigError, RealtimeProvider, make_provider
 from voice.telemetry import Telemetry
-from voice.tools import ToolCatalogue
+from voice.tools import AllowKnownSpeakers, ToolCatalogue
 from voice.vad import VadConfig
 
+from .compose import run_service
 from .doctor import wav_hint
+from .runs import RunService, TerminalSink, run_tools
 from .settings import Settings, SettingsError, realtime_api_key
+from .store import StoreError
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +78,22 @@ async def _talk(settings: Settings, args) -> int:
         provider, transport, metrics = _prepare(settings, args)
     except Refusal as exc:
         return _refuse(str(exc))
+    try:
+        async with run_service(settings, TerminalSink()) as runs:
+            return await _call(settings, args, provider, transport, metrics, runs)
+    except StoreError as exc:
+        return _refuse(f"background runs need the store: {exc}")
+
+
+async def _call(settings: Settings, args, provider: RealtimeProvider, transport, metrics: Path | None,
+                runs: RunService) -> int:
     file_mode = bool(args.input_wav)
     endpointing = args.endpointing or settings.endpointing
     telemetry = Telemetry(path=metrics)
-    engine = _build_engine(provider, transport, settings, endpointing, telemetry)
+    # A file call stays open until the runs it started have landed and been spoken (or --timeout).
+    engine = _build_engine(provider, transport, settings, endpointing, telemetry, runs,
+                           hold_open=(lambda: runs.busy) if file_mode else None)
+    detach = runs.attach(engine)
     signals: list[int] = []
 
     def on_signal(signum: int) -> None:
@@ -98,6 +114,7 @@ async def _talk(settings: Settings, args) -> int:
             print(hint(), file=sys.stderr)
         code = await _hold_call(engine, args.timeout)
     finally:
+        detach()
         await transport.__aexit__(None, None, None)
     if signals and code == 0:  # Ctrl-C ends a terminal call normally; a file call it interrupts
         code = 0 if signals[0] == signal.SIGINT and not file_mode else 128 + signals[0]
@@ -133,11 +150,20 @@ def _prepare(settings: Settings, args) -> tuple[RealtimeProvider, object, Path |
 
 
 def _build_engine(provider: RealtimeProvider, transport, settings: Settings, endpointing: str,
-                  telemetry: Telemetry) -> CallEngine:
+                  telemetry: Telemetry, runs: RunService, *,
+                  hold_open: Callable[[], bool] | None = None) -> CallEngine:
     identity = build_identity(settings.home, settings.identity_include)
-    return CallEngine(provider, transport, ToolCatalogue(), identity,
+    # The terminal has one person at the keyboard, who may run every tool they ask for themselves;
+    # the catalogue still refuses calls whose origin the core could not trace to their turn.
+    catalogue = ToolCatalogue(AllowKnownSpeakers(), run_tools(runs, requester_of=_no_user_id))
+    return CallEngine(provider, transport, catalogue, identity,
                       options=CallOptions(endpointing=endpointing, vad=VadConfig()),
-                      telemetry=telemetry, on_transcript=_print_transcript)
+                      telemetry=telemetry, on_transcript=_print_transcript, hold_open=hold_open)
+
+
+def _no_user_id(call) -> None:
+    """The terminal's one speaker has no Discord user id: runs it starts record no requester."""
+    return None
 
 
 async def _hold_call(engine: CallEngine, timeout: float | None) -> int:

@@ -88,6 +88,7 @@ class CallEngine:
         on_transcript: Callable[[str, str], None] | None = None,
         settle_s: float | None = None,
         call: CallInfo | None = None,
+        hold_open: Callable[[], bool] | None = None,
     ) -> None:
         self.call = call or CallInfo(secrets.token_hex(4))
         self.log = CallLogger(log, self.call.call_id)
@@ -108,6 +109,7 @@ class CallEngine:
         self._on_transcript = on_transcript
         silence = self.options.vad.silence_ms / 1000
         self._settle_s = settle_s if settle_s is not None else silence + 0.8
+        self._hold_open = hold_open
         self._ws: Any = None
         self._outbox: asyncio.Queue[dict] = asyncio.Queue()
         self._tasks: set[asyncio.Task] = set()
@@ -247,7 +249,10 @@ class CallEngine:
         self._input_ended.set()
 
     async def _watch_settled(self) -> None:
-        """After the input ends, finish once nothing has been in flight for `settle_s`."""
+        """After the input ends, finish once nothing has been in flight for `settle_s`.
+
+        `hold_open` (e.g. background runs this call started that have not been announced yet)
+        keeps a finished input's call open until it returns False."""
         done_flag = getattr(self.transport, "input_done", None)
         waiters = [asyncio.ensure_future(self._input_ended.wait())]
         if isinstance(done_flag, asyncio.Event):
@@ -258,7 +263,8 @@ class CallEngine:
         quiet_since: float | None = None
         while True:
             now = self._clock()
-            if self.core.idle() and not self.transport.is_playing() and not self._tasks:
+            held = self._hold_open is not None and self._hold_open()
+            if self.core.idle() and not self.transport.is_playing() and not self._tasks and not held:
                 quiet_since = quiet_since if quiet_since is not None else now
                 if now - quiet_since >= self._settle_s:
                     close = getattr(self.transport, "close_input", None)

@@ -136,6 +136,11 @@ class RunService:
         for lane in self.lanes.values():
             await lane.aclose()
 
+    @property
+    def busy(self) -> bool:
+        """True while this instance is still watching, asking about or delivering a run."""
+        return any(not task.done() for task in self._tasks)
+
     def attach(self, announcer: Announcer) -> Callable[[], None]:
         """Register a live call; finished runs and questions are spoken to every registered call.
         Returns the function that unregisters it."""

@@ -182,6 +182,19 @@ class Store:
         await self.db.close()
 
 
+async def _enter_wal(db: aiosqlite.Connection, attempts: int = 100) -> str:
+    """PRAGMA journal_mode=WAL, retried: SQLite answers a concurrent switch with SQLITE_BUSY at once,
+    without calling the busy handler, when two processes create the database together."""
+    for attempt in range(attempts):
+        try:
+            return str((await (await db.execute("PRAGMA journal_mode=WAL")).fetchone())[0])
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == attempts - 1:
+                raise
+            await asyncio.sleep(0.01)
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
 async def open_store(home: Path, migrations: Iterable[Migration] = (), *,
                      clock: Callable[[], float] = time.time, filename: str = DB_FILENAME) -> Store:
     """Open (creating) `home/filename` owner-only in WAL mode and apply `migrations`."""
@@ -197,12 +210,13 @@ async def open_store(home: Path, migrations: Iterable[Migration] = (), *,
     db.row_factory = sqlite3.Row
     store = Store(path, db, clock)
     try:
-        mode = (await (await db.execute("PRAGMA journal_mode=WAL")).fetchone())[0]
+        # First: switching to WAL takes the write lock, and another process may be opening it too.
+        await db.execute("PRAGMA busy_timeout=5000")
+        mode = await _enter_wal(db)
         if str(mode).lower() != "wal":
             raise StoreError(f"{path} could not switch to WAL mode (got {mode}); is it on a network "
                              f"filesystem?")
         await db.execute("PRAGMA foreign_keys=ON")
-        await db.execute("PRAGMA busy_timeout=5000")
         await db.execute("PRAGMA synchronous=FULL")
         await db.execute(_BOOTSTRAP)
         await store.migrate(migrations)

@@ -1,7 +1,8 @@
 """A stand-in agent CLI for the command lane, run as `sys.executable fake_agent.py MODE [options] TASK`.
 
 Modes:
-  answer   print "answer: <task>" (and the argv as JSON with --argv) and exit 0
+  answer   print "answer: <task>" (and the argv as JSON with --argv) and exit 0; with --think S,
+           work for S seconds first (an agent slower than the call's settle time)
   fail     print partial work on stdout, an error on stderr, exit 1
   hang     start a child in the same process group, report "<pid> <child pid>" on --ready (a FIFO),
            then wait until killed; with --ignore-term both ignore SIGTERM (only SIGKILL ends them)
@@ -32,11 +33,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--bytes", type=int, default=1_000_000)
     parser.add_argument("--argv", action="store_true", help="also print argv as JSON (answer)")
+    parser.add_argument("--think", type=float, default=0.0, help="answer: seconds of work before answering")
     parser.add_argument("--profile")
     parser.add_argument("task")
     args = parser.parse_args(argv)
 
     if args.mode == "answer":
+        time.sleep(args.think)
         if args.argv:
             print(json.dumps(sys.argv[1:]))
         print(f"answer: {args.task}")

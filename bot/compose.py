@@ -1,0 +1,37 @@
+"""The composition root's shared pieces: settings → the runs service and its store.
+
+Every command that touches background runs (`talk`, `runs`, and later `run`) builds them here, so
+they all read the same settings the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+
+from .runs import MIGRATIONS, NotificationSink, RunsConfig, RunService
+from .settings import Settings
+from .store import open_store
+
+
+def runs_config(settings: Settings) -> RunsConfig:
+    """SWITCHBOARD_AGENT_* and SWITCHBOARD_HERMES_* as the runs service's configuration."""
+    key = settings.hermes_api_key.get_secret_value() if settings.hermes_api_key is not None else None
+    return RunsConfig(lanes=settings.agent_lanes, hermes_url=settings.hermes_api_url, hermes_key=key,
+                      command=settings.agent_command, profile=settings.agent_profile,
+                      timeout_s=settings.agent_timeout_s)
+
+
+@contextlib.asynccontextmanager
+async def run_service(settings: Settings, sink: NotificationSink | None = None) -> AsyncIterator[RunService]:
+    """The store in SWITCHBOARD_HOME and a started runs service over it; both closed on exit.
+
+    Raises `bot.store.StoreError` (one line, says what to check) when the store cannot be opened."""
+    store = await open_store(settings.home, MIGRATIONS)
+    service = RunService(store, runs_config(settings), sink=sink)
+    try:
+        await service.start()
+        yield service
+    finally:
+        await service.close()
+        await store.close()
