@@ -47,7 +47,39 @@ def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
     checks.append(Check("settings present", "ok", names))
     checks.append(_provider_key(report))
     checks.append(_operators(report))
+    if not report.problems:
+        checks += agent_lanes(report.settings)
     return checks
+
+
+def agent_lanes(settings) -> list[Check]:
+    """One row per configured agent lane, probed as `delegate_task` would (warn: runs are optional)."""
+    import asyncio
+
+    from .compose import runs_config
+    from .runs.service import default_lanes
+
+    config = runs_config(settings)
+
+    async def probe_all():
+        lanes = [lane for lane in default_lanes(config, asyncio.sleep) if lane.name in config.lanes]
+        try:
+            return [await lane.probe() for lane in sorted(lanes, key=lambda lane: config.lanes.index(lane.name))]
+        finally:
+            for lane in lanes:
+                await lane.aclose()
+
+    rows = []
+    for probe in asyncio.run(probe_all()):
+        if probe.available:
+            detail = "available" + ("" if probe.can_steer else " (runs can be stopped, not steered)")
+            rows.append(Check(f"agent lane {probe.lane}", "ok", detail))
+        else:
+            rows.append(Check(f"agent lane {probe.lane}", "warn", probe.detail))
+    if rows and all(row.status == "warn" for row in rows):
+        rows.append(Check("background runs", "warn", "no agent lane is available: delegate_task will refuse "
+                                                     "until one is (see docs/runs.md)"))
+    return rows
 
 
 def command_name() -> str:

@@ -1,0 +1,49 @@
+"""`doctor` probes each configured agent lane the way `delegate_task` will."""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import sys
+
+from bot import doctor
+from bot.settings import check_settings
+from tests.support.fake_hermes import FakeHermes
+from tests.test_runs_harness import FAKE_AGENT
+from tests.test_runs_hermes import KEY, free_port
+
+
+def rows(variables: dict[str, str]) -> dict[str, doctor.Check]:
+    report = check_settings(variables)
+    assert not report.problems, report.problems
+    return {check.name: check for check in doctor.agent_lanes(report.settings)}
+
+
+async def test_a_running_api_server_and_a_real_command_are_both_ok_in_the_configured_order():
+    async with FakeHermes(key=KEY) as fake:
+        found = await asyncio.to_thread(rows, {
+            "SWITCHBOARD_AGENT_LANES": "command,hermes-api", "SWITCHBOARD_HERMES_API_URL": fake.url,
+            "SWITCHBOARD_HERMES_API_KEY": KEY,
+            "SWITCHBOARD_AGENT_COMMAND": shlex.join([sys.executable, FAKE_AGENT, "answer", "{task}"])})
+    assert list(found) == ["agent lane command", "agent lane hermes-api"]
+    assert found["agent lane hermes-api"].status == "ok" and found["agent lane hermes-api"].detail == "available"
+    assert found["agent lane command"].status == "ok" and "not steered" in found["agent lane command"].detail
+
+
+async def test_a_wrong_key_and_a_missing_program_are_warnings_that_say_what_to_do():
+    async with FakeHermes(key=KEY) as fake:
+        fake.expect_violation()
+        found = await asyncio.to_thread(rows, {
+            "SWITCHBOARD_HERMES_API_URL": fake.url, "SWITCHBOARD_HERMES_API_KEY": "not-the-key",
+            "SWITCHBOARD_AGENT_COMMAND": "no-such-agent-cli -z {task}"})
+    api, command, summary = found["agent lane hermes-api"], found["agent lane command"], found["background runs"]
+    assert api.status == "warn" and "rejected" in api.detail and "not-the-key" not in api.detail
+    assert command.status == "warn" and "`no-such-agent-cli` was not found on PATH" in command.detail
+    assert summary.status == "warn" and "delegate_task will refuse" in summary.detail
+
+
+def test_only_the_configured_lanes_are_probed():
+    found = rows({"SWITCHBOARD_AGENT_LANES": "hermes-api",
+                  "SWITCHBOARD_HERMES_API_URL": f"http://127.0.0.1:{free_port()}"})
+    assert list(found) == ["agent lane hermes-api", "background runs"]
+    assert "not running" in found["agent lane hermes-api"].detail
