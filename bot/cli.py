@@ -39,6 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("doctor", help="read-only diagnostics: Python, libopus, davey, audio, settings, the key")
+    sub.add_parser("run", help="the Discord bot with background runs (needs DISCORD_BOT_TOKEN and a provider key)")
     talk.add_parser(sub)
     runs_cli.add_parser(sub)
     return parser
@@ -74,6 +75,10 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         return EXIT_USAGE
     if args.command == "talk":
         return talk.run(report.settings, args)
+    if args.command == "run":
+        from .service.app import run as run_service
+
+        return run_service(report.settings)
     if args.command == "runs":
         return runs_cli.run(args, runs_config(report.settings), report.settings.home)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover

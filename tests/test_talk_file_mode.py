@@ -141,7 +141,7 @@ def test_anyone_can_start_the_fake_server_and_talk_to_it_with_no_key(tmp_path, m
                     environ={"HOME": str(tmp_path), "OPENAI_API_KEY": "fake-key", "SWITCHBOARD_REALTIME_URL": url})
         out, err = capsys.readouterr()
         assert code == 0, err
-        assert "assistant: This is the fake Realtime server." in out
+        assert "assistant: This is the fake Realtime server." in out, (out, err)
     finally:
         server.send_signal(signal.SIGINT)
         rest, _ = server.communicate(timeout=20)

@@ -1,0 +1,1 @@
+"""The Discord service: `switchboard run`, slash commands, the operator gate, channel notifications."""

@@ -1,0 +1,222 @@
+"""`switchboard run`: the Discord bot, the runs service and (later) the listener, in one process.
+
+Start-up refuses with one line per missing setting; a rejected token is said as such. SIGINT and
+SIGTERM shut down in order — leave every call (tool outputs settle), stop watching runs, close the
+store, close the gateway normally (1000) — and exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+import time
+
+import discord
+from discord import app_commands
+
+from bot.compose import runs_config
+from bot.runs import MIGRATIONS, RunService
+from bot.settings import Settings, SettingsError, realtime_api_key
+from bot.store import StoreError, open_store
+from voice.identity import build_identity
+from voice.providers import ProviderConfigError, make_provider
+
+from .calls import CallManager
+from .commands import RunsGroup, TalkGroup
+from .embeds import OK, WARN, info_embed
+from .gate import OperatorGate
+from .notify import ChannelSink
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+SHUTDOWN_BUDGET_S = 10.0
+
+
+def intents() -> discord.Intents:
+    """Only what the service needs, nothing privileged: guilds (channels) and voice states (who is in
+    voice, and to connect). Display names arrive with voice states and interactions."""
+    wanted = discord.Intents.none()
+    wanted.guilds = True
+    wanted.voice_states = True
+    return wanted
+
+
+class SwitchboardBot(discord.Client):
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(intents=intents())
+        self.settings = settings
+        self.tree = app_commands.CommandTree(self)
+        self.gate = OperatorGate(settings.operator_user_ids)
+        self.sink = ChannelSink(self, settings.runs_channel_id)
+        self.runs: RunService | None = None
+        self.calls = CallManager(self, runs=lambda: self._runs(), gate=self.gate, provider=self._provider,
+                                 identity=lambda: build_identity(settings.home, settings.identity_include))
+        self.tree.add_command(TalkGroup(self))
+        self.tree.add_command(RunsGroup(self))
+        self.synced: list[str] = []
+        self.ready_future: asyncio.Future[SwitchboardBot] | None = None
+
+    def _runs(self) -> RunService:
+        assert self.runs is not None, "the runs service starts before the bot"
+        return self.runs
+
+    def _provider(self):
+        s = self.settings
+        return make_provider(s.provider, api_key=realtime_api_key(s).get_secret_value(), model=s.model,
+                             voice=s.voice, url=s.realtime_url)
+
+    async def setup_hook(self) -> None:
+        if self.settings.guild_ids:  # instant during development: guild commands need no propagation
+            for guild_id in sorted(self.settings.guild_ids):
+                guild = discord.Object(guild_id)
+                self.tree.copy_global_to(guild=guild)
+                commands = await self.tree.sync(guild=guild)
+                self.synced.append(f"guild {guild_id}: {len(commands)} commands")
+        else:
+            commands = await self.tree.sync()
+            self.synced.append(f"global: {len(commands)} commands")
+        log.info("slash commands synced (%s)", "; ".join(self.synced))
+
+    async def on_ready(self) -> None:
+        log.info("connected to Discord as %s (%s) in %d guild(s)", self.user, getattr(self.user, "id", "?"),
+                 len(self.guilds))
+        if self.ready_future is not None and not self.ready_future.done():
+            self.ready_future.set_result(self)
+
+    async def on_voice_state_update(self, member: discord.Member, before: discord.VoiceState,
+                                    after: discord.VoiceState) -> None:
+        self.calls.on_voice_state(member, before, after)
+
+    async def status_embed(self, guild_id: int | None) -> discord.Embed:
+        s = self.settings
+        call = self.calls.get(guild_id) if guild_id is not None else None
+        provider = f"{s.provider} {s.model or '(default model)'}, voice {s.voice or '(default)'}"
+        if call is None:
+            embed = info_embed("Call status", f"Not in a voice channel here. {provider}.")
+        else:
+            status = call.engine.status()
+            heard = ", ".join(f"<@{u}> ({n} frames)" for u, n in sorted(call.transport.heard.items())) or "nobody yet"
+            embed = info_embed("Call status", f"In <#{call.channel_id}> since <t:{int(call.started_at)}:R>. {provider}.",
+                               colour=OK)
+            embed.add_field(name="heard", value=heard[:1024], inline=False)
+            receiver = call.voice.receiver
+            if receiver is not None:
+                counters = ", ".join(f"{k} {v}" for k, v in receiver.nonzero_stats().items()) or "none"
+                embed.add_field(name="receiver", value=counters[:1024], inline=False)
+            latencies = status.get("latency_ms") or status.get("last_latencies")
+            if latencies:
+                embed.add_field(name="latency", value=str(latencies)[:1024], inline=False)
+        lanes = ", ".join(s.agent_lanes)
+        embed.add_field(name="agent lanes", value=lanes, inline=True)
+        embed.add_field(name="operators", value=str(len(self.gate.operators)) if self.gate.operators else
+                        "none (SWITCHBOARD_OPERATOR_USER_IDS)", inline=True)
+        if self.sink.last_failure is not None:
+            failure = self.sink.last_failure
+            embed.add_field(name="last run post failed", value=f"<t:{int(failure.at)}:R>: {failure.reason}"[:1024],
+                            inline=False)
+            embed.colour = WARN
+        return embed
+
+
+def missing_settings(settings: Settings) -> list[str]:
+    """One line per setting `switchboard run` cannot start without."""
+    problems = []
+    if settings.discord_token is None or not settings.discord_token.get_secret_value():
+        problems.append("DISCORD_BOT_TOKEN is not set: create a bot at https://discord.com/developers/applications "
+                        "and put its token in .env (see README, 'Add the bot to your server')")
+    try:
+        realtime_api_key(settings)
+        make_provider(settings.provider, api_key="check", model=settings.model, voice=settings.voice,
+                      url=settings.realtime_url)
+    except (SettingsError, ProviderConfigError) as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def run(settings: Settings) -> int:
+    problems = missing_settings(settings)
+    if problems:
+        for line in problems:
+            print(f"switchboard run: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return asyncio.run(serve(settings))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def serve(settings: Settings, stopping: asyncio.Event | None = None,
+                ready: asyncio.Future[SwitchboardBot] | None = None) -> int:
+    """Run until SIGINT/SIGTERM (or `stopping` is set); `ready` gets the bot once it is in Discord."""
+    bot = SwitchboardBot(settings)
+    bot.ready_future = ready
+    try:
+        store = await open_store(settings.home, MIGRATIONS)
+    except StoreError as exc:
+        print(f"switchboard run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    runs = RunService(store, runs_config(settings), sink=bot.sink)
+    bot.runs = runs
+    stopping = stopping or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    code = EXIT_OK
+    try:
+        await runs.start()
+        token = settings.discord_token.get_secret_value()  # type: ignore[union-attr]
+        runner = asyncio.create_task(bot.start(token), name="discord")
+        stop_wait = asyncio.create_task(stopping.wait())
+        done, _ = await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if runner in done:
+            code = _start_failure(runner)
+        stop_wait.cancel()
+        await shutdown(bot, runner)
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+        await runs.close()
+        await store.close()
+    return code
+
+
+def _start_failure(runner: asyncio.Task) -> int:
+    exc = runner.exception() if not runner.cancelled() else None
+    if isinstance(exc, discord.LoginFailure):
+        print("switchboard run: Discord rejected the bot token (DISCORD_BOT_TOKEN): copy it again from the "
+              "Developer Portal (Bot → Reset Token)", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(exc, discord.PrivilegedIntentsRequired):
+        print("switchboard run: Discord refused the gateway intents", file=sys.stderr)
+        return EXIT_FAILED
+    if isinstance(exc, (discord.HTTPException, discord.GatewayNotFound, OSError)):
+        print(f"switchboard run: cannot reach Discord ({type(exc).__name__}: {str(exc)[:200]})", file=sys.stderr)
+        return EXIT_FAILED
+    if exc is not None:
+        log.error("the Discord client stopped", exc_info=exc)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+async def shutdown(bot: SwitchboardBot, runner: asyncio.Task) -> None:
+    """Leave voice first (discord.py's own Ctrl-C path waits out the voice timeout), then the gateway."""
+    started = time.monotonic()
+    try:
+        await asyncio.wait_for(bot.calls.leave_all("Switchboard is shutting down"), SHUTDOWN_BUDGET_S / 2)
+    except TimeoutError:
+        log.warning("leaving the calls took longer than %.0f s", SHUTDOWN_BUDGET_S / 2)
+    # As `Client.run` does on Ctrl-C: cancel the running start(), then close(). A close() from
+    # another task while start() still polls makes discord.py leave with 4000 instead of 1000.
+    if not runner.done():
+        runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+    remaining = max(1.0, SHUTDOWN_BUDGET_S - (time.monotonic() - started))
+    try:
+        await asyncio.wait_for(bot.close(), remaining)
+    except TimeoutError:
+        log.warning("closing the Discord connection took too long")
+
+

@@ -1,0 +1,160 @@
+"""One call per guild, each with its own engine, catalogue, transport and playback; nothing global.
+
+Joining connects `ListeningVoiceClient`, feeds every speaker's audio into a `RoomTransport`, plays
+the assistant through its `PlaybackSource`, and runs a `CallEngine` in local endpointing whose
+mutating tools go through the operator gate. Leaving stops the engine first (tool outputs settle,
+undelivered announcements resolve), then leaves voice. A per-guild lock orders join and leave, so
+a join right after a leave waits for discord.py to let go of the old voice client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import discord
+
+from bot.runs import RunService, run_tools
+from voice.attribution import CallInfo
+from voice.call import CallOptions
+from voice.discord_client import ListeningVoiceClient
+from voice.engine import CallEngine, CallFailed
+from voice.identity import Identity
+from voice.providers import RealtimeProvider
+from voice.tools import ToolCatalogue
+from voice.transports.room import RoomTransport
+from voice.vad import VadConfig
+
+from .gate import OperatorGate
+
+log = logging.getLogger(__name__)
+
+CONNECT_TIMEOUT_S = 20.0
+LEAVE_TIMEOUT_S = 8.0
+
+
+@dataclass
+class GuildCall:
+    guild_id: int
+    channel_id: int
+    voice: ListeningVoiceClient
+    transport: RoomTransport
+    engine: CallEngine
+    task: asyncio.Task
+    detach: Callable[[], None]
+    started_at: float = field(default_factory=time.time)
+    requested_by: int | None = None
+    ended: str | None = None
+
+
+class CallManager:
+    def __init__(self, client: discord.Client, *, runs: Callable[[], RunService], gate: OperatorGate,
+                 provider: Callable[[], RealtimeProvider], identity: Callable[[], Identity]) -> None:
+        self._client = client
+        self._runs = runs
+        self._gate = gate
+        self._provider = provider
+        self._identity = identity
+        self._calls: dict[int, GuildCall] = {}
+        self._locks: dict[int, asyncio.Lock] = {}
+
+    def active(self, guild_id: int) -> bool:
+        return guild_id in self._calls
+
+    def get(self, guild_id: int) -> GuildCall | None:
+        return self._calls.get(guild_id)
+
+    def all(self) -> list[GuildCall]:
+        return list(self._calls.values())
+
+    def _lock(self, guild_id: int) -> asyncio.Lock:
+        return self._locks.setdefault(guild_id, asyncio.Lock())
+
+    async def join(self, guild: discord.Guild, channel: discord.abc.Connectable, *,
+                   requested_by: int | None = None) -> str:
+        async with self._lock(guild.id):
+            existing = self._calls.get(guild.id)
+            if existing is not None and existing.channel_id == channel.id:
+                return f"Already talking in <#{channel.id}>."
+            if existing is not None:
+                await self._leave_locked(guild.id, "moving to another channel")
+            provider = self._provider()  # per call: its own socket, key checked at start-up
+            voice = await channel.connect(cls=ListeningVoiceClient, self_deaf=False, timeout=CONNECT_TIMEOUT_S,
+                                          reconnect=True)
+            assert isinstance(voice, ListeningVoiceClient)
+            loop = asyncio.get_running_loop()
+            transport = RoomTransport(names=lambda user_id: _display_name(guild, user_id), loop=loop)
+            voice.add_sink(transport.on_speech)
+            runs = self._runs()
+            catalogue = ToolCatalogue(self._gate, run_tools(runs))
+            info = CallInfo(f"g{guild.id}-{int(time.time())}", guild.id, channel.id)
+            engine = CallEngine(provider, transport, catalogue, self._identity(),
+                                options=CallOptions(endpointing="local", vad=VadConfig()), call=info)
+            voice.play(transport.source)
+            detach = runs.attach(engine)
+            task = asyncio.create_task(engine.run(), name=f"call-{guild.id}")
+            call = GuildCall(guild.id, channel.id, voice, transport, engine, task, detach, requested_by=requested_by)
+            self._calls[guild.id] = call
+            task.add_done_callback(lambda t, g=guild.id: self._engine_ended(g, t))
+            log.info("call %s: joined channel %s of guild %s", info.call_id, channel.id, guild.id)
+            return (f"Talking in <#{channel.id}> with {provider.name} {provider.model}, voice {provider.voice}. "
+                    "Everyone can talk; only operators can start or stop work.")
+
+    async def leave(self, guild_id: int, *, reason: str) -> str:
+        async with self._lock(guild_id):
+            return await self._leave_locked(guild_id, reason)
+
+    async def leave_all(self, reason: str) -> None:
+        await asyncio.gather(*(self.leave(g, reason=reason) for g in list(self._calls)), return_exceptions=True)
+
+    async def _leave_locked(self, guild_id: int, reason: str) -> str:
+        call = self._calls.pop(guild_id, None)
+        if call is None:
+            return "I was not in a voice channel here."
+        call.ended = reason
+        call.detach()
+        call.engine.stop()
+        call.transport.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(call.task), LEAVE_TIMEOUT_S)
+        except (TimeoutError, CallFailed, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("call in guild %s ended with an error", guild_id)
+        call.voice.stop()
+        try:
+            await asyncio.wait_for(call.voice.disconnect(force=True), LEAVE_TIMEOUT_S)
+        except TimeoutError:
+            log.warning("guild %s: leaving voice took longer than %s s", guild_id, LEAVE_TIMEOUT_S)
+        minutes = (time.time() - call.started_at) / 60
+        log.info("guild %s: left voice (%s) after %.1f min", guild_id, reason, minutes)
+        return f"Left <#{call.channel_id}> after {minutes:.0f} min."
+
+    def _engine_ended(self, guild_id: int, task: asyncio.Task) -> None:
+        """The engine stopped by itself (the provider failed for good): leave the channel too."""
+        call = self._calls.get(guild_id)
+        if call is None or call.task is not task:
+            return
+        if not task.cancelled() and task.exception() is not None:
+            log.error("guild %s: the call failed: %s", guild_id, task.exception())
+        asyncio.get_running_loop().create_task(self.leave(guild_id, reason="the call ended"))
+
+    def on_voice_state(self, member: discord.Member, before: discord.VoiceState, after: discord.VoiceState) -> None:
+        call = self._calls.get(member.guild.id)
+        if call is None:
+            return
+        if member.id == self._client.user.id if self._client.user else False:
+            if after.channel is None:  # disconnected by someone (or Discord): end the call cleanly
+                asyncio.get_running_loop().create_task(self.leave(member.guild.id, reason="disconnected from voice"))
+            return
+        if before.channel is not None and before.channel.id == call.channel_id and (
+                after.channel is None or after.channel.id != call.channel_id):
+            call.transport.forget(member.id)
+
+
+def _display_name(guild: discord.Guild, user_id: int) -> str | None:
+    member = guild.get_member(user_id)
+    return member.display_name if member is not None else None

@@ -1,0 +1,33 @@
+"""Real speech for tests: espeak-ng renders text, converted to Discord's 48 kHz stereo 20 ms frames."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import soxr
+
+from voice.audio import read_wav
+
+FRAME_48K_STEREO = 48_000 * 2 * 2 // 50  # 3840 bytes
+
+
+@functools.lru_cache(maxsize=32)
+def speech_frames(text: str, *, voice: str = "en", speed: int = 175) -> tuple[bytes, ...]:
+    """`text` spoken by espeak-ng as 20 ms frames of 48 kHz stereo s16le (the receiver's output)."""
+    espeak = shutil.which("espeak-ng")
+    assert espeak, "espeak-ng is needed for real speech in tests (apt-get install -y espeak-ng; make test does)"
+    with tempfile.TemporaryDirectory() as tmp:
+        wav = Path(tmp) / "speech.wav"
+        subprocess.run([espeak, "-v", voice, "-s", str(speed), "-w", str(wav), text], check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        samples, rate = read_wav(wav)
+    mono = samples.astype(np.float32).mean(axis=1) / 32768.0  # int16 (n, channels) -> float mono
+    up = soxr.resample(mono, rate, 48_000)
+    pcm = np.repeat(np.clip(up * 32767, -32768, 32767).astype("<i2"), 2).tobytes()
+    pcm += bytes(-len(pcm) % FRAME_48K_STEREO)
+    return tuple(pcm[i:i + FRAME_48K_STEREO] for i in range(0, len(pcm), FRAME_48K_STEREO))

@@ -1,0 +1,175 @@
+"""`switchboard run` through the real discord.py client against the loopback fake Discord: sync,
+slash commands and their operator checks, run notifications in the runs channel, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from bot.runs import Delivery
+from bot.service.app import SwitchboardBot, intents, serve
+from bot.settings import check_settings
+from tests.support.fake_discord import EPHEMERAL, FakeDiscord, SimUser, point_discord_py_at
+from tests.test_runs_harness import FAKE_AGENT, SAFETY_S
+
+OPENAI_KEY = "sk-service-test-NEVER-SHOWN"
+
+
+@dataclass
+class Service:
+    fake: FakeDiscord
+    operator: SimUser
+    guest: SimUser
+    task: asyncio.Task
+    stopping: asyncio.Event
+    bot: SwitchboardBot
+
+    async def command(self, command: str, options: dict | None = None, *, user: SimUser) -> dict:
+        pending = await self.fake.send_interaction(command, options, user=user)
+        response = await self.fake.wait_response(pending)
+        if response["type"] == 5:  # deferred: the answer is the first follow-up
+            await self.fake.journal.wait_for(lambda: pending.followups, SAFETY_S)
+            return {"deferred": True, "flags": (response.get("data") or {}).get("flags", 0), **pending.followups[0]}
+        return {"deferred": False, **response["data"]}
+
+
+def settings_for(tmp_path, fake: FakeDiscord, operator: SimUser | None, **extra: str):
+    variables = {"DISCORD_BOT_TOKEN": fake.token, "OPENAI_API_KEY": OPENAI_KEY,
+                 "SWITCHBOARD_HOME": str(tmp_path / "home"), "SWITCHBOARD_AGENT_LANES": "command",
+                 "SWITCHBOARD_AGENT_COMMAND": f"{sys.executable} {FAKE_AGENT} answer {{task}}",
+                 "SWITCHBOARD_RUNS_CHANNEL_ID": str(fake.text_channel.id), **extra}
+    if operator is not None:
+        variables["SWITCHBOARD_OPERATOR_USER_IDS"] = str(operator.id)
+    report = check_settings(variables)
+    assert not report.problems, report.problems
+    return report.settings
+
+
+@contextlib.asynccontextmanager
+async def service(tmp_path, *, operators: bool = True, guild_sync: bool = False, **extra: str
+                  ) -> AsyncIterator[Service]:
+    async with FakeDiscord() as fake:
+        if guild_sync:
+            extra["SWITCHBOARD_GUILD_IDS"] = str(fake.guild_id)
+        operator, guest = fake.add_user("olive", nick="Olive"), fake.add_user("gus", nick="Olive")
+        stopping, ready = asyncio.Event(), asyncio.get_running_loop().create_future()
+        with point_discord_py_at(fake):
+            task = asyncio.create_task(serve(settings_for(tmp_path, fake, operator if operators else None, **extra),
+                                             stopping, ready))
+            try:
+                await asyncio.wait_for(fake.wait_gateway_ready(), SAFETY_S)
+                bot = await asyncio.wait_for(ready, SAFETY_S)
+                yield Service(fake, operator, guest, task, stopping, bot)
+            finally:
+                stopping.set()
+                code = await asyncio.wait_for(task, 15)
+        assert code == 0
+        fake.assert_clean()
+
+
+async def test_commands_sync_with_only_the_intents_needed_and_status_is_an_ephemeral_embed(tmp_path):
+    async with service(tmp_path) as svc:
+        status = await svc.command("talk status", user=svc.guest)
+    (sync,) = svc.fake.rest_calls("PUT", f"/applications/{svc.fake.state.application_id}/commands")
+    groups = {c["name"]: sorted(o["name"] for o in c["options"]) for c in sync.body}
+    assert groups == {"talk": ["join", "leave", "status"], "runs": ["list", "show", "stop"]}
+    identify = svc.fake.gateway.sessions[0].identify
+    assert identify["intents"] == intents().value
+    assert not intents().members and not intents().message_content and not intents().presences
+    assert status["flags"] & EPHEMERAL
+    (embed,) = status["embeds"]
+    assert embed["title"] == "Call status" and "Not in a voice channel" in embed["description"]
+    fields = {f["name"]: f["value"] for f in embed["fields"]}
+    assert fields["agent lanes"] == "command" and fields["operators"] == "1"
+    assert OPENAI_KEY not in str(status)
+    assert svc.fake.journal.closes == [("gateway", 1000)]  # shut down normally
+
+
+async def test_guild_ids_sync_to_each_guild_for_instant_commands(tmp_path):
+    async with service(tmp_path, guild_sync=True) as svc:
+        status = await svc.command("talk status", user=svc.guest)
+    app = svc.fake.state.application_id
+    assert not svc.fake.rest_calls("PUT", f"/applications/{app}/commands")
+    (sync,) = svc.fake.rest_calls("PUT", f"/applications/{app}/guilds/{svc.fake.guild_id}/commands")
+    assert sorted(c["name"] for c in sync.body) == ["runs", "talk"]
+    assert status["embeds"][0]["title"] == "Call status"  # the guild copy answers
+
+
+async def test_changing_commands_are_refused_for_non_operators_even_with_an_operators_display_name(tmp_path):
+    async with service(tmp_path) as svc:
+        join = await svc.command("talk join", user=svc.guest)  # same nick "Olive" as the operator
+        leave = await svc.command("talk leave", user=svc.guest)
+        stop = await svc.command("runs stop", {"run": 1}, user=svc.guest)
+    for answer in (join, leave, stop):
+        assert answer["flags"] & EPHEMERAL and not answer["deferred"]
+        (embed,) = answer["embeds"]
+        assert embed["description"].startswith("Only an operator can") and str(svc.guest.id) in embed["description"]
+    assert not svc.fake.state.messages  # nothing was posted anywhere
+
+
+async def test_with_no_operators_configured_nobody_may_change_anything_and_says_how_to_fix_it(tmp_path):
+    async with service(tmp_path, operators=False) as svc:
+        join = await svc.command("talk join", user=svc.operator)
+    (embed,) = join["embeds"]
+    assert "none is configured" in embed["description"] and "SWITCHBOARD_OPERATOR_USER_IDS" in embed["description"]
+
+
+async def test_an_operator_not_in_voice_is_told_to_join_one_first(tmp_path):
+    async with service(tmp_path) as svc:
+        join = await svc.command("talk join", user=svc.operator)
+    (embed,) = join["embeds"]
+    assert join["flags"] & EPHEMERAL and "Join a voice channel first" in embed["description"]
+
+
+async def test_a_finished_run_is_posted_in_the_runs_channel_and_listed_shown_and_not_stoppable_twice(tmp_path):
+    async with service(tmp_path) as svc:
+        bot_runs = svc.bot.runs
+        await bot_runs.delegate("audit the auth module", requester_id=svc.operator.id)
+        await asyncio.wait_for(bot_runs.wait_until(1, lambda t: t.delivery is Delivery.DELIVERED), SAFETY_S)
+        listing = await svc.command("runs list", user=svc.guest)
+        shown = await svc.command("runs show", {"run": 1}, user=svc.guest)
+        missing = await svc.command("runs show", {"run": 9}, user=svc.guest)
+        stop = await svc.command("runs stop", {"run": 1}, user=svc.operator)
+    (posted,) = svc.fake.state.messages
+    (embed,) = posted["embeds"]
+    assert posted["channel_id"] == str(svc.fake.text_channel.id)
+    assert embed["title"] == "Run 1: audit the auth module" and embed["color"] == 0x57F287
+    assert embed["description"] == "answer: audit the auth module"
+    fields = {f["name"]: f["value"] for f in embed["fields"]}
+    assert fields["asked by"] == f"<@{svc.operator.id}>" and fields["lane"] == "command"
+    (post,) = svc.fake.rest_calls("POST", f"/channels/{svc.fake.text_channel.id}/messages")
+    assert post.body["allowed_mentions"] == {"parse": []}  # naming the requester pings nobody
+    assert "**1** · finished · command" in listing["embeds"][0]["description"]
+    assert shown["embeds"][0]["description"] == "answer: audit the auth module"
+    assert "There is no run 9" in missing["embeds"][0]["description"]
+    assert stop["deferred"] and "already" in stop["embeds"][0]["description"].lower()
+
+
+async def test_a_post_the_channel_refuses_is_kept_shown_in_status_and_never_loses_the_run(tmp_path):
+    async with service(tmp_path) as svc:
+        svc.fake.fail_channel(svc.fake.text_channel.id, "forbidden")
+        bot_runs = svc.bot.runs
+        await bot_runs.delegate("write the report", requester_id=svc.operator.id)
+        done = await asyncio.wait_for(bot_runs.wait_until(1, lambda t: t.delivery is Delivery.DELIVERED), SAFETY_S)
+        status = await svc.command("talk status", user=svc.guest)
+        svc.fake.state.channel_failures.clear()
+        shown = await svc.command("runs show", {"run": 1}, user=svc.guest)
+    assert done.output.strip() == "answer: write the report"
+    fields = {f["name"]: f["value"] for f in status["embeds"][0]["fields"]}
+    assert "may not post there" in fields["last run post failed"]
+    assert shown["embeds"][0]["description"] == "answer: write the report"
+
+
+async def test_a_rejected_token_is_one_line_and_exit_2(tmp_path, capsys):
+    async with FakeDiscord() as fake:
+        settings = settings_for(tmp_path, fake, None, DISCORD_BOT_TOKEN="not-the-token")
+        with point_discord_py_at(fake):
+            code = await asyncio.wait_for(serve(settings), 15)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == ("switchboard run: Discord rejected the bot token (DISCORD_BOT_TOKEN): copy it again from "
+                           "the Developer Portal (Bot → Reset Token)")
+    assert "not-the-token" not in err
