@@ -44,8 +44,12 @@ class _ListeningConnectionState(VoiceConnectionState):
 
     def _set_state(self, state: ConnectionFlowState) -> None:
         VoiceConnectionState.state.fset(self, state)  # type: ignore[attr-defined]
-        if state in (ConnectionFlowState.websocket_connected, ConnectionFlowState.connected):
-            with self._route_lock:  # a new handshake, or none pending: an old reply is stale
+        if state in (ConnectionFlowState.connected, ConnectionFlowState.disconnected):
+            # No discovery is pending any more. Not on `websocket_connected`: discord.py sets that
+            # after sending IDENTIFY, so an instant READY + reply can be kept before it (a reply the
+            # reader kept would be cleared and the handshake would hang). A reply kept across
+            # handshakes on the same socket names the same address, so handing it over is safe.
+            with self._route_lock:
                 self._kept_reply = None
         self._observer(state)
 
