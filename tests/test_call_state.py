@@ -21,7 +21,8 @@ def test_start_twice_and_reconnected_without_a_drop_are_errors():
 
 
 def test_after_end_nothing_is_sent_and_end_is_idempotent():
-    core, _ = make_core("local")
+    core, _ = make_core("server")  # server endpointing: every frame would be an append
+    assert types(core.on_user_audio(LOUD, 0.9)) == ["input_audio_buffer.append"]
     core.end(1.0)
     assert core.state is CallState.ENDED
     assert core.on_user_audio(LOUD, 1.1) == []
@@ -98,3 +99,16 @@ def test_an_announcement_asked_for_during_a_local_turn_goes_after_that_turns_ans
     core.on_provider(ev.ResponseCreated("r1", creates[0]["response"]["metadata"]), 1.0)
     after = core.on_provider(ev.ResponseDone("r1", "completed"), 1.2)
     assert "build is green" in sent(after)[0]["response"]["instructions"]
+
+
+def test_the_call_core_imports_nothing_that_does_io():
+    """Sans-I/O: importing the core brings in no socket, file-writing, audio or event-loop module."""
+    import subprocess
+    import sys
+
+    probe = ("import sys, voice.call; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+             "('voice', 'websockets', 'sounddevice', 'aiosqlite', 'httpx', 'discord', 'asyncio', 'socket'))))")
+    loaded = set(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout.split())
+    assert not loaded & {"voice.telemetry", "voice.engine", "voice.transports.speaker", "voice.playback",
+                         "websockets", "sounddevice", "aiosqlite", "httpx", "discord", "asyncio", "socket"}, loaded
+    assert {"voice.call", "voice.floor", "voice.turns", "voice.turn_record"} <= loaded

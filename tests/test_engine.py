@@ -287,15 +287,23 @@ async def test_local_endpointing_commits_with_speaker_context_and_the_tool_knows
 
 
 async def test_announcement_waits_for_the_floor_and_is_spoken_with_tools_off():
-    async with FakeRealtime([AudioReply("Answer."), AudioReply("That audit finished.")]) as fake:
+    requested: list[tuple[str, bool]] = []
+
+    def script(ctx):  # what the fake had told the client when each response was asked for
+        sent = [e["type"] for e in fake.sent]
+        speaking = sent.count("input_audio_buffer.speech_started") > sent.count("input_audio_buffer.speech_stopped")
+        requested.append((ctx.trigger, speaking))
+        return [AudioReply("Answer."), AudioReply("That audit finished.")][ctx.response_count]
+
+    async with FakeRealtime(script) as fake:
         async with live_call(fake) as call:
             call.transport.push(tone_pcm16(400, 300.0))  # user starts talking...
             await fake.wait_for(lambda: call.engine.core.user_speaking)
             spoken = asyncio.create_task(call.engine.announce("the audit finished: three gaps"))
-            await asyncio.sleep(0)
-            assert not call.received("response.create")  # ...so the announcement waits
             call.transport.push(silence_pcm16(700))
             assert await asyncio.wait_for(spoken, 3) is True
+        # ...so the announcement waited: asked for after the server answered them, never mid-speech
+        assert requested == [("vad", False), ("client", False)]
         creates = call.received("response.create")
         assert creates[-1]["response"]["tool_choice"] == "none"
         assert "three gaps" in creates[-1]["response"]["instructions"]
@@ -356,3 +364,27 @@ async def test_announcement_held_for_the_servers_answer_is_spoken_when_none_come
             assert call.engine.core.wake_at() is not None  # no frames arrive; only the timer can wake it
             assert await asyncio.wait_for(spoken, 5) is True
         fake.assert_clean()
+
+
+async def test_every_gate_decision_and_tool_failure_is_logged_under_the_calls_id(caplog):
+    def boom(call):
+        raise RuntimeError("disk on fire")
+
+    tools = (Tool("delegate_task", "d", {"type": "object", "properties": {}}, lambda call: {"ok": True},
+                  mutating=True),
+             Tool("boom", "b", {"type": "object", "properties": {}}, boom))
+    script = [ToolCallReply("delegate_task", {}), ToolCallReply("boom", {}), AudioReply("Sorry.")]
+    caplog.set_level(logging.INFO)
+    async with FakeRealtime(script) as fake:
+        async with live_call(fake, tools=tools, endpointing="local") as call:
+            call.transport.context = TurnContext(frozenset({42}))
+            call.say()
+            await fake.wait_for(lambda: len(call.received("response.create")) >= 3, timeout=5)
+            decisions = list(call.engine.decisions)
+            call_id = call.engine.call.call_id
+    assert [(d.tool, d.allowed) for d in decisions] == [("delegate_task", False)]  # no gate chosen: denied
+    refused = [r for r in caplog.records if "tool delegate_task" in r.getMessage() and "refused" in r.getMessage()]
+    assert refused and refused[0].levelno == logging.WARNING
+    assert refused[0].getMessage().startswith(f"[call {call_id}]") and "speakers 42" in refused[0].getMessage()
+    failed = [r for r in caplog.records if "tool boom failed" in r.getMessage()]
+    assert failed and failed[0].getMessage().startswith(f"[call {call_id}]") and failed[0].call_id == call_id

@@ -98,3 +98,23 @@ def test_concurrent_feed_and_read_lose_nothing():
     stop.set()
     thread.join(10)
     assert src.played_ms("long") == 2000
+
+
+def test_the_discord_source_tells_its_listener_when_an_item_starts_and_when_it_goes_idle():
+    source = PlaybackSource()
+    heard: list[tuple[str, str | None]] = []
+
+    class Listener:
+        def on_playback_started(self, item_id: str) -> None:
+            heard.append(("started", item_id))
+
+        def on_playback_idle(self) -> None:
+            heard.append(("idle", None))
+
+    source.set_listener(Listener())
+    source.feed(bytes(24_000 * 2 // 10), "item_1")  # 100 ms of model audio
+    source.finish_item("item_1")
+    while source.is_playing():
+        source.read()
+    source.read()
+    assert heard == [("started", "item_1"), ("idle", None)]

@@ -148,3 +148,29 @@ async def test_voice_client_always_connects_undeafened(monkeypatch):
         assert seen["self_deaf"] is False
     finally:
         vc._connection._socket_reader.stop()
+
+
+async def test_the_deaf_window_reaches_the_receiver_and_the_watch_reports_going_deaf():
+    client = _offline_client()
+    make = ListeningVoiceClient.factory(deaf_after_s=2.5)
+    vc = make(client, _Channel())
+    try:
+        assert isinstance(vc, ListeningVoiceClient) and vc.receiver._deaf.window_s == 2.5
+        now = [0.0]
+        vc.receiver._clock = lambda: now[0]
+        went_deaf: list[float] = []
+        polls = asyncio.Event()
+
+        async def tick(_interval: float) -> None:  # one poll per tick; time moves 1 s per poll
+            now[0] += 1.0
+            vc.receiver._activity += 1  # packets keep arriving ...
+            if now[0] >= 6:
+                polls.set()
+                await asyncio.Event().wait()  # ... and nothing ever decodes; stop polling here
+        watch = asyncio.create_task(vc.watch_deafness(lambda: went_deaf.append(now[0]), sleep=tick))
+        await polls.wait()
+        watch.cancel()
+        assert went_deaf == [4.0]  # activity since t=1, no PCM: deaf once the 2.5 s window has passed
+        assert vc.receiver.stats["deaf_events"] == 1
+    finally:
+        vc._connection._socket_reader.stop()

@@ -35,8 +35,8 @@ from voice.call_actions import (
 )
 from voice.floor import Announcement, Floor
 from voice.providers.base import RealtimeProvider, SessionConfig
-from voice.telemetry import TurnRecord
 from voice.transports.base import TurnContext
+from voice.turn_record import TurnRecord
 from voice.turns import TurnLedger
 from voice.vad import LocalEndpointer, VadConfig
 

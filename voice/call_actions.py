@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from voice.attribution import Attribution
-from voice.telemetry import TurnRecord
+from voice.turn_record import TurnRecord
 
 
 @dataclass(frozen=True)

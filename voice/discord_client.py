@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import discord
 from discord.voice_state import ConnectionFlowState, VoiceConnectionState
@@ -118,12 +118,19 @@ class ListeningVoiceClient(discord.VoiceClient):
     reply the reader takes in between is kept for `discover_ip` (`_ListeningConnectionState`).
     """
 
-    def __init__(self, client: discord.Client, channel: discord.abc.Connectable) -> None:
+    def __init__(self, client: discord.Client, channel: discord.abc.Connectable, *,
+                 deaf_after_s: float = 5.0) -> None:
         self.receiver: Receiver | None = None
         self._listening = False
         super().__init__(client, channel)
         self._sinks: list[SpeechSink] = []
-        self.receiver = Receiver(self._connection, self._from_reader_thread)
+        self.receiver = Receiver(self._connection, self._from_reader_thread, deaf_after_s=deaf_after_s)
+
+    @classmethod
+    def factory(cls, *, deaf_after_s: float) -> Callable[[discord.Client, discord.abc.Connectable],
+                                                         ListeningVoiceClient]:
+        """What `channel.connect(cls=...)` takes, with settings discord.py's `cls(client, channel)` cannot pass."""
+        return lambda client, channel: cls(client, channel, deaf_after_s=deaf_after_s)
 
     def create_connection_state(self) -> VoiceConnectionState:
         return _ListeningConnectionState(self, hook=self._voice_ws_hook, observer=self._on_flow_state)
@@ -168,9 +175,13 @@ class ListeningVoiceClient(discord.VoiceClient):
             except Exception:
                 log.exception("speech sink %r failed", sink)
 
-    async def watch_deafness(self, interval_s: float = 1.0) -> None:
-        """Poll the receiver's deaf detector until cancelled (logged and counted in stats)."""
+    async def watch_deafness(self, on_deaf: Callable[[], object] | None = None, *, interval_s: float = 1.0,
+                             sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """Poll the receiver's deaf detector until cancelled; `on_deaf()` each time it goes deaf
+        (it is also logged and counted in the receiver's stats)."""
         while True:
-            await asyncio.sleep(interval_s)
-            if self.receiver is not None:
-                self.receiver.check_deaf()
+            await sleep(interval_s)
+            if self.receiver is not None and self.receiver.check_deaf() and on_deaf is not None:
+                result = on_deaf()
+                if asyncio.iscoroutine(result):
+                    await result

@@ -338,7 +338,8 @@ class CallEngine:
 
     async def _run_tool(self, action: RunTool) -> None:
         outcome = await self.catalogue.run(action.call_id, action.name, action.arguments, origin=action.origin,
-                                           call=self.call, on_decision=self._decided, clock=self._clock)
+                                           call=self.call, on_decision=self._decided, clock=self._clock,
+                                           logger=self.log)
         self._execute(self.core.on_tool_result(action.call_id, outcome.output, self._clock(), self._position(),
                                                outcome.elapsed_ms))
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from voice.attribution import UNKNOWN, Attribution
 from voice.providers.base import ResponseRequest
-from voice.telemetry import TurnRecord
+from voice.turn_record import TurnRecord
 
 REQUEST_KEY = "sb_req"  # our correlation id on every response.create we send
 EVENT_ID_PREFIX = "sb_"

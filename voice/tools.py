@@ -151,8 +151,11 @@ class ToolCatalogue:
     async def run(self, call_id: str, name: str, raw_arguments: str, *,
                   origin: Attribution = UNKNOWN, call: CallInfo | None = None,
                   on_decision: DecisionHook | None = None,
-                  clock: Callable[[], float] = time.monotonic) -> ToolOutcome:
-        """Run one call to completion. Never raises (cancellation aside)."""
+                  clock: Callable[[], float] = time.monotonic,
+                  logger: logging.Logger | logging.LoggerAdapter | None = None) -> ToolOutcome:
+        """Run one call to completion. Never raises (cancellation aside). `logger`: the call's own
+        (its lines carry the call id)."""
+        logger = logger or log
         start = clock()
 
         def done(output: str, ok: bool) -> ToolOutcome:
@@ -169,7 +172,7 @@ class ToolCatalogue:
             return done(_error(f"the arguments for {name} were not valid JSON ({exc})"), False)
         request = ToolCall(call_id, name, arguments, raw_arguments, origin, call or CallInfo("unknown"))
         if tool.mutating:
-            refusal = await self._authorize(tool, request)
+            refusal = await self._authorize(tool, request, logger)
             if on_decision is not None:
                 on_decision(ToolDecision(request.call, name, call_id, origin, refusal is None,
                                          refusal or "authorised"))
@@ -180,14 +183,15 @@ class ToolCatalogue:
             if inspect.isawaitable(result):
                 result = await asyncio.wait_for(result, tool.timeout_s)
         except TimeoutError:
-            log.warning("tool %s timed out after %.1f s", name, tool.timeout_s)
+            logger.warning("tool %s timed out after %.1f s", name, tool.timeout_s)
             return done(_error(f"{name} did not finish within {tool.timeout_s:g} seconds"), False)
         except Exception as exc:  # the call must be answered, not crash
-            log.exception("tool %s failed", name)
+            logger.exception("tool %s failed", name)
             return done(_error(f"{name} failed: {type(exc).__name__}: {exc}"[:300]), False)
         return done(result if isinstance(result, str) else json.dumps(result, default=str), True)
 
-    async def _authorize(self, tool: Tool, call: ToolCall) -> str | None:
+    async def _authorize(self, tool: Tool, call: ToolCall,
+                         logger: logging.Logger | logging.LoggerAdapter) -> str | None:
         """None to allow, else the refusal to speak. Unknown origin never reaches the authoriser."""
         if not call.origin.known:
             return UNKNOWN_ORIGIN_REFUSAL
@@ -196,7 +200,7 @@ class ToolCatalogue:
         except ToolRefused as exc:
             return str(exc) or f"{tool.name} is not allowed here"
         except Exception as exc:  # a broken gate refuses; it never lets a call through
-            log.exception("authoriser failed for %s", tool.name)
+            logger.exception("authoriser failed for %s", tool.name)
             return f"{tool.name} could not be authorised ({type(exc).__name__}), so it did not run"
         return None
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import itertools
 
 from voice.attribution import Attribution
-from voice.telemetry import TurnRecord
 from voice.transports.base import TurnContext
+from voice.turn_record import TurnRecord
 
 
 class TurnLedger:

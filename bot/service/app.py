@@ -53,7 +53,8 @@ class SwitchboardBot(discord.Client):
         self.sink = ChannelSink(self, settings.runs_channel_id)
         self.runs: RunService | None = None
         self.calls = CallManager(self, runs=lambda: self._runs(), gate=self.gate, provider=self._provider,
-                                 identity=lambda: build_identity(settings.home, settings.identity_include))
+                                 identity=lambda: build_identity(settings.home, settings.identity_include),
+                                 deaf_after_s=settings.deaf_after_s)
         self.tree.add_command(TalkGroup(self))
         self.tree.add_command(RunsGroup(self))
         self.synced: list[str] = []

@@ -47,13 +47,18 @@ class GuildCall:
     detach: Callable[[], None]
     started_at: float = field(default_factory=time.time)
     requested_by: int | None = None
+    text_channel_id: int | None = None
     ended: str | None = None
+    deaf_watch: asyncio.Task | None = None
+    rejoined: bool = False
 
 
 class CallManager:
     def __init__(self, client: discord.Client, *, runs: Callable[[], RunService], gate: OperatorGate,
-                 provider: Callable[[], RealtimeProvider], identity: Callable[[], Identity]) -> None:
+                 provider: Callable[[], RealtimeProvider], identity: Callable[[], Identity],
+                 deaf_after_s: float = 5.0) -> None:
         self._client = client
+        self._deaf_after_s = deaf_after_s
         self._runs = runs
         self._gate = gate
         self._provider = provider
@@ -74,7 +79,8 @@ class CallManager:
         return self._locks.setdefault(guild_id, asyncio.Lock())
 
     async def join(self, guild: discord.Guild, channel: discord.abc.Connectable, *,
-                   requested_by: int | None = None) -> str:
+                   requested_by: int | None = None, text_channel_id: int | None = None,
+                   rejoined: bool = False) -> str:
         async with self._lock(guild.id):
             existing = self._calls.get(guild.id)
             if existing is not None and existing.channel_id == channel.id:
@@ -82,8 +88,8 @@ class CallManager:
             if existing is not None:
                 await self._leave_locked(guild.id, "moving to another channel")
             provider = self._provider()  # per call: its own socket, key checked at start-up
-            voice = await channel.connect(cls=ListeningVoiceClient, self_deaf=False, timeout=CONNECT_TIMEOUT_S,
-                                          reconnect=True)
+            voice = await channel.connect(cls=ListeningVoiceClient.factory(deaf_after_s=self._deaf_after_s),
+                                          self_deaf=False, timeout=CONNECT_TIMEOUT_S, reconnect=True)
             assert isinstance(voice, ListeningVoiceClient)
             loop = asyncio.get_running_loop()
             transport = RoomTransport(names=lambda user_id: _display_name(guild, user_id), loop=loop)
@@ -96,8 +102,11 @@ class CallManager:
             voice.play(transport.source)
             detach = runs.attach(engine)
             task = asyncio.create_task(engine.run(), name=f"call-{guild.id}")
-            call = GuildCall(guild.id, channel.id, voice, transport, engine, task, detach, requested_by=requested_by)
+            call = GuildCall(guild.id, channel.id, voice, transport, engine, task, detach, requested_by=requested_by,
+                             text_channel_id=text_channel_id, rejoined=rejoined)
             self._calls[guild.id] = call
+            call.deaf_watch = asyncio.create_task(voice.watch_deafness(lambda g=guild, c=channel: self._deaf(g, c)),
+                                                  name=f"deaf-{guild.id}")
             task.add_done_callback(lambda t, g=guild.id: self._engine_ended(g, t))
             log.info("call %s: joined channel %s of guild %s", info.call_id, channel.id, guild.id)
             return (f"Talking in <#{channel.id}> with {provider.name} {provider.model}, voice {provider.voice}. "
@@ -115,6 +124,8 @@ class CallManager:
         if call is None:
             return "I was not in a voice channel here."
         call.ended = reason
+        if call.deaf_watch is not None:
+            call.deaf_watch.cancel()
         call.detach()
         call.engine.stop()
         call.transport.close()
@@ -132,6 +143,36 @@ class CallManager:
         minutes = (time.time() - call.started_at) / 60
         log.info("guild %s: left voice (%s) after %.1f min", guild_id, reason, minutes)
         return f"Left <#{call.channel_id}> after {minutes:.0f} min."
+
+    async def _deaf(self, guild: discord.Guild, channel: discord.abc.Connectable) -> None:
+        """Audio arrives but nothing decodes: rejoin once and say so in the text channel."""
+        call = self._calls.get(guild.id)
+        if call is None:
+            return
+        if call.rejoined:
+            await self._say(call.text_channel_id, f"I still hear nothing in <#{channel.id}> after rejoining (audio "
+                            "arrives but does not decode). Try `/talk leave`, then `/talk join`; `/talk status` shows "
+                            "the receiver counters.")
+            return
+        text, requested_by = call.text_channel_id, call.requested_by
+        await self.leave(guild.id, reason="deaf: rejoining")
+        try:
+            await self.join(guild, channel, requested_by=requested_by, text_channel_id=text, rejoined=True)
+        except Exception as exc:
+            await self._say(text, f"I stopped hearing anyone in <#{channel.id}> and could not rejoin: {exc}")
+            return
+        await self._say(text, f"I stopped hearing anyone in <#{channel.id}> (audio arrived but did not decode), "
+                              "so I rejoined.")
+
+    async def _say(self, channel_id: int | None, text: str) -> None:
+        if channel_id is None:
+            log.warning("%s", text)
+            return
+        try:
+            await self._client.get_partial_messageable(channel_id).send(
+                text, allowed_mentions=discord.AllowedMentions.none())
+        except (discord.HTTPException, OSError) as exc:
+            log.warning("could not post in channel %s (%s): %s", channel_id, type(exc).__name__, text)
 
     def _engine_ended(self, guild_id: int, task: asyncio.Task) -> None:
         """The engine stopped by itself (the provider failed for good): leave the channel too."""

@@ -60,7 +60,8 @@ class TalkGroup(app_commands.Group):
             return
         await interaction.response.defer(thinking=True)
         try:
-            summary = await self.bot.calls.join(interaction.guild, target, requested_by=interaction.user.id)
+            summary = await self.bot.calls.join(interaction.guild, target, requested_by=interaction.user.id,
+                                                text_channel_id=interaction.channel_id)
         except Exception as exc:  # the user gets one line, the log gets the rest
             log.exception("joining %s failed", target.id)
             await interaction.followup.send(embed=refusal_embed(f"I could not join {target.mention}: {exc}"))
