@@ -14,19 +14,23 @@ import logging
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from voice import __version__
 
-from . import doctor, talk
-from .compose import runs_config
-from .environment import DEFAULT_ENV_FILE, EnvFileError, read_variables
-from .runs import cli as runs_cli
-from .settings import SettingsReport, check_settings
+if TYPE_CHECKING:
+    from .settings import SettingsReport
+
+# Everything heavy (pydantic, numpy, discord.py) is imported inside `main`, so a Ctrl-C while it
+# loads is exit 130 like any other, not a traceback.
 
 EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import talk
+    from .runs import cli as runs_cli
+
     parser = argparse.ArgumentParser(
         prog="switchboard",
         description="Switchboard: a Discord voice presence for your agent.",
@@ -54,6 +58,12 @@ def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None
 
 
 def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
+    from . import doctor, talk
+    from .compose import runs_config
+    from .environment import EnvFileError, read_variables
+    from .runs import cli as runs_cli
+    from .settings import check_settings
+
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
@@ -94,6 +104,8 @@ def _settings_usable(report: SettingsReport, command: str) -> bool:
 
 
 def _env_source(env_file: Path | None) -> str:
+    from .environment import DEFAULT_ENV_FILE
+
     path = env_file if env_file is not None else DEFAULT_ENV_FILE
     if env_file is None and not path.exists():
         return f"{path} absent; the environment only (see .env.example)"

@@ -17,7 +17,9 @@ from typing import Literal
 
 from voice.providers import PROVIDERS
 
+from .paths import home_problem, output_problem
 from .settings import KEY_VARIABLES, SettingsError, SettingsReport, key_variable, realtime_api_key
+from .store import DB_FILENAME
 
 Status = Literal["ok", "warn", "bad"]
 PY = shlex.quote(sys.executable)  # this venv's Python: `pip`/`python` on PATH may be another
@@ -48,8 +50,25 @@ def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
     checks.append(_provider_key(report))
     checks.append(_operators(report))
     if not report.problems:
+        checks += [_home(report.settings), _latency_log(report.settings)]
         checks += agent_lanes(report.settings)
     return checks
+
+
+def _home(settings) -> Check:
+    if problem := home_problem(settings.home):
+        return Check("store", "bad", problem)
+    home = settings.home.expanduser()
+    where = "exists" if (home / DB_FILENAME).exists() else "is created on first use"
+    return Check("store", "ok", f"{home / DB_FILENAME} {where}")
+
+
+def _latency_log(settings) -> Check:
+    if settings.latency_log is None:
+        return Check("latency log", "ok", "off (set SWITCHBOARD_LATENCY_LOG, or pass talk --metrics-json)")
+    if problem := output_problem(settings.latency_log, "SWITCHBOARD_LATENCY_LOG"):
+        return Check("latency log", "bad", problem)
+    return Check("latency log", "ok", f"appended to {settings.latency_log}")
 
 
 def agent_lanes(settings) -> list[Check]:

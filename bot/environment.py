@@ -8,11 +8,13 @@ The process environment is not changed.
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Mapping
 from pathlib import Path
 
 from dotenv import dotenv_values
+from dotenv.parser import parse_stream
 
 DEFAULT_ENV_FILE = Path(".env")
 BLANK_MEANS_SOMETHING = frozenset({
@@ -52,8 +54,14 @@ def _read_env_file(path: Path) -> dict[str, str]:
     if path.is_dir():
         raise EnvFileError(f"env file {path}: is a directory, not a dotenv file")
     try:
-        values = dotenv_values(path, encoding="utf-8")
+        text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
         raise EnvFileError(f"env file {path}: cannot read it ({reason})") from None
+    bad = [binding.original.line for binding in parse_stream(io.StringIO(text)) if binding.error]
+    if bad:  # a line dotenv skips could be a security setting the user believes is set
+        lines = ", ".join(str(n) for n in bad[:5]) + (" …" if len(bad) > 5 else "")
+        raise EnvFileError(f"env file {path}: line {lines} is not NAME=value (an unclosed quote?); fix or "
+                           "remove it — a setting there would be silently ignored")
+    values = dotenv_values(stream=io.StringIO(text))
     return {name: value for name, value in values.items() if value is not None}

@@ -177,7 +177,10 @@ class Settings(BaseSettings):
     def _identity_include(cls, value: Any) -> tuple[str, ...]:
         if isinstance(value, str) and value.strip().lower() == "none":
             return ()
-        return rules.choices(value, IDENTITY_SECTIONS, "section", also="or none")
+        sections = rules.choices(value, IDENTITY_SECTIONS, "section", also="or none")
+        if not sections:  # "," names nothing: say so rather than silently meaning "none"
+            raise ValueError(f"names no section; use {','.join(IDENTITY_SECTIONS)}, one of them, or none")
+        return sections
 
     @field_validator("agent_lanes", mode="before")
     @classmethod

@@ -12,7 +12,6 @@ import argparse
 import asyncio
 import logging
 import math
-import os
 import shlex
 import signal
 import sys
@@ -30,6 +29,7 @@ from voice.vad import VadConfig
 
 from .compose import run_service
 from .doctor import wav_hint
+from .paths import output_problem
 from .runs import RunService, TerminalSink, run_tools
 from .settings import Settings, SettingsError, realtime_api_key
 from .store import StoreError
@@ -82,7 +82,7 @@ async def _talk(settings: Settings, args) -> int:
         async with run_service(settings, TerminalSink()) as runs:
             return await _call(settings, args, provider, transport, metrics, runs)
     except StoreError as exc:
-        return _refuse(f"background runs need the store: {exc}")
+        return _refuse(str(exc))
 
 
 async def _call(settings: Settings, args, provider: RealtimeProvider, transport, metrics: Path | None,
@@ -107,9 +107,14 @@ async def _call(settings: Settings, args, provider: RealtimeProvider, transport,
         await transport.__aenter__()
     except RuntimeError as exc:  # e.g. no usable audio device
         return _refuse(terminal_audio_message(exc))
+    except OSError as exc:  # OUT.wav could not be created or its header written (a full disk, /proc, …)
+        return _refuse(f"--output-wav {args.output_wav}: cannot write it ({exc.strerror or type(exc).__name__}); "
+                       "pick a file on a disk with space that you can write to")
     try:
         print(f"switchboard talk: {provider.name} {provider.model}, voice {provider.voice}, "
               f"{endpointing} endpointing" + ("" if file_mode else " — Ctrl-C to stop"), file=sys.stderr)
+        if file_mode and (warning := transport.input_warning):
+            print(f"switchboard talk: warning: {warning}", file=sys.stderr)
         if not file_mode and callable(hint := getattr(transport, "headphones_hint", None)):
             print(hint(), file=sys.stderr)
         code = await _hold_call(engine, args.timeout)
@@ -192,21 +197,6 @@ def check_outputs(args, metrics: Path | None, metrics_label: str = "--metrics-js
         for other_label, other in named[i + 1:]:
             if path.resolve() == other.resolve():
                 return f"{other_label} {other} is the same file as {label}; pick another file name"
-    return None
-
-
-def output_problem(path: Path, label: str) -> str | None:
-    """Why `path` cannot be written as a new or replaced file (one line), or None."""
-    parent = path.parent
-    if path.is_dir():
-        return f"{label} {path}: is a directory; give a file name, e.g. {path / 'answer.wav'}"
-    if not parent.exists():
-        return f"{label} {path}: the directory {parent} does not exist; create it first (mkdir -p {shlex.quote(str(parent))})"
-    if not parent.is_dir():
-        return f"{label} {path}: {parent} is not a directory"
-    writable = os.access(path, os.W_OK) if path.exists() else os.access(parent, os.W_OK | os.X_OK)
-    if not writable:
-        return f"{label} {path}: permission denied; pick a directory you can write to"
     return None
 
 

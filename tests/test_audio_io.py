@@ -173,6 +173,21 @@ def test_recording_whose_header_was_never_finalised_is_recovered(tmp_path):
     path.write_bytes(bytes(raw) + b"\x01")  # plus half a sample from a torn last write
     samples, _ = read_wav(path)
     assert samples.shape == (2400, 1)
+    with WavReader(path) as reader:
+        assert not reader.format.cut_short  # a data size of 0 promises nothing: not "cut short"
+
+
+def test_a_file_cut_short_after_its_header_was_written_is_read_and_says_so(tmp_path):
+    from voice.transports.file import FileTransport
+
+    path = write_wav(tmp_path / "full.wav", tone(200.0, 1000, 24_000), 24_000, 2)
+    cut = tmp_path / "cut.wav"
+    cut.write_bytes(path.read_bytes()[:44 + 4800])  # the header still claims 1 s; 0.1 s is left
+    with WavReader(cut) as reader:
+        assert (reader.format.frames, reader.format.claimed_frames, reader.format.cut_short) == (2400, 24000, True)
+    warning = FileTransport(cut, tmp_path / "out.wav").input_warning
+    assert warning == f"{cut} is cut short: its header says 1.0 s of audio, the file holds 0.10 s; using what is there"
+    assert FileTransport(path, tmp_path / "out.wav").input_warning is None
 
 
 # -- writing -------------------------------------------------------------------------------------

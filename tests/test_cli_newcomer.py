@@ -122,6 +122,8 @@ def test_timeout_accepts_positive_finite_seconds_only(cli, capsys, value):
     (lambda tmp: tmp / "missing" / "out.wav", "the directory {tmp}/missing does not exist; create it first"),
     (lambda tmp: tmp, "is a directory; give a file name"),
     (lambda tmp: tmp / "in.wav", "is the same file as --input-wav"),
+    (lambda tmp: _dangling(tmp), "is a symlink to a missing file"),
+    (lambda tmp: Path("/dev/full"), "--output-wav /dev/full: cannot write it (No space left on device)"),
 ])
 def test_output_wav_problems_stop_before_the_call_in_one_line(cli, tmp_path, make_output, expected):
     wav_in = write_wav(tmp_path / "in.wav")
@@ -130,6 +132,23 @@ def test_output_wav_problems_stop_before_the_call_in_one_line(cli, tmp_path, mak
                        env={"OPENAI_API_KEY": SECRET})
     assert code == 2 and len(err.splitlines()) == 1 and expected.format(tmp=tmp_path) in err
     assert wav_in.read_bytes() == before and not (tmp_path / "missing").exists()
+
+
+def _dangling(tmp: Path) -> Path:
+    link = tmp / "dangling.wav"
+    link.symlink_to(tmp / "missing" / "gone.wav")
+    return link
+
+
+def test_an_env_file_line_dotenv_would_skip_stops_every_command_without_showing_values(cli, tmp_path):
+    env_file = tmp_path / ".env"
+    env_file.write_text(f"OPENAI_API_KEY={SECRET}\nSWITCHBOARD_OPERATOR_USER_IDS=\"123\n")
+    for command in (["doctor"], ["talk"], ["runs", "list"]):
+        code, out, err = cli("--env-file", str(env_file), *command)
+        assert code == 2 and err.splitlines() == [
+            f"switchboard: env file {env_file}: line 2 is not NAME=value (an unclosed quote?); fix or remove it — "
+            "a setting there would be silently ignored"]
+        assert SECRET not in out + err
 
 
 def test_metrics_outputs_are_checked_at_start_like_the_wav(cli, tmp_path):
@@ -211,3 +230,23 @@ async def test_a_newcomers_mistakes_in_real_processes_are_one_line_each_and_neve
         if text is not None:
             assert len(err.splitlines()) == 1 and text in err, (name, err)
     assert not (tmp_path / "out.wav").exists() and not (tmp_path / "bad" / "out.wav").exists()
+
+
+def test_an_unusable_home_is_the_same_line_in_doctor_and_every_command_that_needs_the_store(cli, tmp_path):
+    home = tmp_path / "a-file"
+    home.write_text("not a directory")
+    line = f"SWITCHBOARD_HOME {home}: is not a directory; point it at a directory (default ~/.switchboard)"
+    code, out, _ = cli("doctor", env={"OPENAI_API_KEY": SECRET, "SWITCHBOARD_HOME": str(home)})
+    assert code == 1 and f"BAD   store                  {line}" in out
+    for command in (["talk", "--input-wav", str(write_wav(tmp_path / "in.wav")), "--output-wav",
+                     str(tmp_path / "out.wav")], ["runs", "list"]):
+        code, _, err = cli(*command, env={"OPENAI_API_KEY": SECRET, "SWITCHBOARD_HOME": str(home)})
+        assert code == 2 and err.splitlines() == [f"switchboard {command[0]}: {line}"]
+    assert not (tmp_path / "out.wav").exists()
+
+
+def test_doctor_checks_the_latency_log_as_talk_does(cli, tmp_path):
+    env = {"OPENAI_API_KEY": SECRET, "SWITCHBOARD_LATENCY_LOG": str(tmp_path / "no" / "turns.jsonl"),
+           "SWITCHBOARD_HOME": str(tmp_path / "home")}
+    code, out, _ = cli("doctor", env=env)
+    assert code == 1 and "BAD   latency log" in out and "does not exist; create it first" in out

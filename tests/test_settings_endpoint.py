@@ -80,3 +80,18 @@ def test_the_hermes_api_follows_the_same_rule_over_http():
 def test_loopback_is_exactly_127_8_and_ipv6_loopback_and_localhost():
     assert all(is_loopback(h) for h in ("127.0.0.1", "127.255.255.254", "::1", "[::1]", "localhost", "LocalHost"))
     assert not any(is_loopback(h) for h in ("128.0.0.1", "0.0.0.0", "::", "10.0.0.1", "localhost.example", "local"))
+
+
+@pytest.mark.parametrize("query", [f"api_key={KEY}", f"key={KEY}", f"x=1&Api-Key={KEY}", f"token={KEY}",
+                                   f"access_token={KEY}", "secret="])
+def test_a_credential_in_the_query_is_refused_by_name_and_never_repeated(query):
+    url = f"wss://proxy.example.com/v1/realtime?{query}"
+    with pytest.raises(UnsafeEndpoint, match=r"a credential in the URL's query \(.+=…\) is refused") as err:
+        check_realtime_url(url)
+    report = check_settings({"SWITCHBOARD_REALTIME_URL": url})
+    assert report.problems and all(KEY not in p for p in report.problems) and KEY not in str(err.value)
+
+
+def test_ordinary_query_parameters_are_fine():
+    url = "wss://api.openai.com/v1/realtime?model=gpt-realtime-2.1-mini&intent=transcription"
+    assert check_realtime_url(url) == url

@@ -16,6 +16,7 @@ from bot.settings import Settings, SettingsError, check_settings
     ("SWITCHBOARD_PROVIDER", "xia", "is not a provider; use openai or xai"),
     ("SWITCHBOARD_ENDPOINTING", "locl", "use server or local"),
     ("SWITCHBOARD_IDENTITY_INCLUDE", "persona,memroy", "unknown section memroy"),
+    ("SWITCHBOARD_IDENTITY_INCLUDE", ",", "names no section"),
     ("SWITCHBOARD_REALTIME_URL", "not a url", "not a wss:// URL"),
     ("SWITCHBOARD_VOICE", "robot", "unknown openai voice 'robot'"),
     ("SWITCHBOARD_MODEL", "gpt realtime", "is not a model name"),

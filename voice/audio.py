@@ -133,10 +133,15 @@ class WavFormat:
     rate: int
     frames: int
     data_offset: int
+    claimed_frames: int | None = None  # what the header said, when the file holds less (cut short)
 
     @property
     def duration_ms(self) -> int:
         return self.frames * 1000 // self.rate
+
+    @property
+    def cut_short(self) -> bool:
+        return self.claimed_frames is not None and self.claimed_frames > self.frames
 
 
 class WavReader:
@@ -219,9 +224,11 @@ def _read_header(file: BinaryIO, path: Path) -> WavFormat:
                                      f"{_CONVERT_HINT}")
             channels, width, rate = fmt
             available = size - body
+            claimed = None
             if chunk_size == 0 or chunk_size > available:  # writer died before finalising the header
+                claimed = chunk_size // (channels * width) if chunk_size else None
                 chunk_size = available
-            return WavFormat(channels, width, rate, chunk_size // (channels * width), body)
+            return WavFormat(channels, width, rate, chunk_size // (channels * width), body, claimed)
         pos = body + chunk_size + (chunk_size & 1)
     what = "the header is cut short" if fmt is None else "it has no audio data chunk"
     raise AudioFileError(f"{path}: not a readable WAV file ({what}); {_CONVERT_HINT}")

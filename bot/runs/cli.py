@@ -1,7 +1,8 @@
 """`switchboard runs list|show N|stop N`: the run tickets in the store, without a call.
 
 The CLI never reconciles, follows or delivers runs (the running service does); it reads tickets and
-asks a lane to stop one. Exit codes: 0 ok, 1 the lane or the store failed, 2 usage (unknown run).
+asks a lane to stop one. Exit codes: 0 ok, 1 the lane or the store failed, 2 usage or configuration
+(unknown run, unusable SWITCHBOARD_HOME).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from bot.paths import home_problem
 from bot.store import StoreError, open_store
 
 from .config import RunsConfig
@@ -51,6 +53,9 @@ async def main(args: argparse.Namespace, config: RunsConfig, home: Path, *, out:
                sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> int:
     out = out or sys.stdout
     err = err or sys.stderr
+    if problem := home_problem(home):  # configuration, not a failure: the same line doctor prints
+        print(f"switchboard runs: {problem}", file=err)
+        return 2
     try:
         store = await open_store(home, MIGRATIONS)
     except StoreError as exc:

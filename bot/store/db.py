@@ -200,6 +200,10 @@ async def open_store(home: Path, migrations: Iterable[Migration] = (), *,
     """Open (creating) `home/filename` owner-only in WAL mode and apply `migrations`."""
     home = Path(home).expanduser()
     path = home / filename
+    from bot.paths import home_problem  # the same line doctor prints
+
+    if problem := home_problem(home):
+        raise StoreError(problem)
     try:
         _secure_dir(home)
         _secure_file(path)

@@ -3,17 +3,20 @@
 A key travels only over TLS (`wss://`, `https://`). The plain scheme (`ws://`, `http://`) is allowed
 for loopback addresses only — 127.0.0.0/8, ::1 and `localhost` — so local fakes and proxies work
 while nothing leaves the machine in clear text. A URL that carries credentials itself
-(`ws://user:key@host`) is refused, and no message ever repeats a URL's userinfo or query.
+(`ws://user:key@host`, `?api_key=…`) is refused, and no message ever repeats a URL's userinfo or query.
 """
 
 from __future__ import annotations
 
 import ipaddress
-from urllib.parse import SplitResult, urlsplit
+from urllib.parse import SplitResult, parse_qsl, urlsplit
 
 from .base import ProviderConfigError
 
 LOOPBACK = "127.0.0.0/8, ::1, localhost"
+# Query parameter names that carry a credential (compared lowercased, `-` as `_`).
+CREDENTIAL_PARAMS = frozenset({"key", "api_key", "apikey", "token", "access_token", "auth", "authorization",
+                               "secret", "client_secret", "password", "pass", "sig", "signature"})
 _TLS_FOR = {"ws": "wss", "http": "https"}
 
 
@@ -71,6 +74,11 @@ def check_key_endpoint(url: str, *, tls: str = "wss") -> str:
     if parts.username is not None or parts.password is not None:
         raise UnsafeEndpoint("credentials in the URL are refused; remove the user:password@ part and put "
                              "the key in its own variable")
+    named = [name for name, _ in parse_qsl(parts.query, keep_blank_values=True)
+             if name.lower().replace("-", "_") in CREDENTIAL_PARAMS]
+    if named:
+        raise UnsafeEndpoint(f"a credential in the URL's query ({named[0]}=…) is refused; remove it and put the "
+                             "key in its own variable")
     if not host:
         raise UnsafeEndpoint(f"has no host; use {tls}://host/path")
     if _port(parts) == -1:

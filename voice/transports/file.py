@@ -69,6 +69,15 @@ class FileTransport(SpeakerPlayback):
         return self._format.duration_ms
 
     @property
+    def input_warning(self) -> str | None:
+        """One line when IN.wav is cut short (its header promises more audio than the file holds)."""
+        fmt = self._format
+        if not fmt.cut_short:
+            return None
+        return (f"{self.input_path} is cut short: its header says {(fmt.claimed_frames or 0) / fmt.rate:.1f} s of "
+                f"audio, the file holds {fmt.frames / fmt.rate:.2f} s; using what is there")
+
+    @property
     def output_ms(self) -> int:
         """Milliseconds of assistant audio written to OUT.wav so far."""
         return self._writer.duration_ms if self._writer is not None else 0
@@ -166,6 +175,8 @@ class FileTransport(SpeakerPlayback):
         """After `aclose()`: remove OUT.wav if it holds no assistant audio. True if it was removed."""
         if self._writer is None or not self._writer.closed or self._writer.frames_written:
             return False
+        if not self.output_path.is_file() or self.output_path.is_symlink():
+            return False  # never remove /dev/null, a FIFO or what a symlink points at
         self.output_path.unlink(missing_ok=True)
         return True
 
