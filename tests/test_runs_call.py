@@ -128,7 +128,7 @@ async def test_talk_file_mode_delegates_to_a_real_agent_process_and_speaks_the_r
     wav_in, wav_out, home = tmp_path / "in.wav", tmp_path / "out.wav", tmp_path / "home"
     write_wav(wav_in, [(0.4, True), (1.0, False)])
     # the agent works longer than the call's settle time: the call must stay open for its result
-    command = shlex.join([sys.executable, FAKE_AGENT, "answer", "--think", "3", "{task}"])
+    command = shlex.join([sys.executable, FAKE_AGENT, "answer", "--think", "2.5", "{task}"])
     async with FakeRealtime(script, user_transcripts=["audit the auth module and report back"]) as fake:
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "SWITCHBOARD_HOME": str(home),
                "OPENAI_API_KEY": OPENAI_KEY, "SWITCHBOARD_REALTIME_URL": fake.url,

@@ -129,7 +129,7 @@ async def test_timeout_exits_3_and_leaves_no_empty_wav(tmp_path):
 def test_anyone_can_start_the_fake_server_and_talk_to_it_with_no_key(tmp_path, monkeypatch, capsys):
     """What docs/testing.md shows: `python -m tests.support.fake_realtime --port N`, then `talk` at it."""
     wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
-    write_wav(wav_in, [(0.4, True), (0.6, False)])
+    write_wav(wav_in, [(0.4, True), (1.2, False)])  # silence enough for a slow machine's server VAD
     server = subprocess.Popen([sys.executable, "-m", "tests.support.fake_realtime", "--port", "0", "--audio-ms", "200"],
                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -80,12 +80,12 @@ class SwitchboardBot(discord.Client):
             commands = await self.tree.sync()
             self.synced.append(f"global: {len(commands)} commands")
         log.info("slash commands synced (%s)", "; ".join(self.synced))
+        if self.ready_future is not None and not self.ready_future.done():
+            self.ready_future.set_result(self)  # logged in and synced; the gateway opens next
 
     async def on_ready(self) -> None:
         log.info("connected to Discord as %s (%s) in %d guild(s)", self.user, getattr(self.user, "id", "?"),
                  len(self.guilds))
-        if self.ready_future is not None and not self.ready_future.done():
-            self.ready_future.set_result(self)
 
     async def on_voice_state_update(self, member: discord.Member, before: discord.VoiceState,
                                     after: discord.VoiceState) -> None:
@@ -151,7 +151,8 @@ def run(settings: Settings) -> int:
 
 async def serve(settings: Settings, stopping: asyncio.Event | None = None,
                 ready: asyncio.Future[SwitchboardBot] | None = None) -> int:
-    """Run until SIGINT/SIGTERM (or `stopping` is set); `ready` gets the bot once it is in Discord."""
+    """Run until SIGINT/SIGTERM (or `stopping` is set); `ready` gets the bot once it has logged in and
+    synced its commands (interactions arrive once the gateway is READY, right after)."""
     bot = SwitchboardBot(settings)
     bot.ready_future = ready
     try:

@@ -165,7 +165,8 @@ class FakeRealtime:
         for c in list(self._conns):
             await c.send(dict(event), raw=raw)
 
-    async def wait_for(self, predicate: Callable[[], Any], timeout: float = 2.0) -> Any:
+    async def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
+        """Poll `predicate` until true; the timeout only bounds a failing test (a loaded machine is slow)."""
         deadline = asyncio.get_running_loop().time() + timeout
         while not (result := predicate()):
             if asyncio.get_running_loop().time() > deadline:
@@ -173,7 +174,7 @@ class FakeRealtime:
             await asyncio.sleep(0.005)
         return result
 
-    async def wait_received(self, event_type: str, count: int = 1, timeout: float = 2.0) -> dict:
+    async def wait_received(self, event_type: str, count: int = 1, timeout: float = 10.0) -> dict:
         """Wait until ``count`` client events of ``event_type`` arrived; return the last."""
         found = await self.wait_for(
             lambda: (m := [e for e in self.received if isinstance(e, dict) and e.get("type") == event_type])
