@@ -28,7 +28,7 @@ from voice.transports.base import FRAME_BYTES, PlaybackListener, TurnContext
 
 DISCORD_RATE = 48_000
 MODEL_RATE = 24_000
-_MAX_QUEUED_FRAMES = 50  # 1 s per speaker: a stalled loop drops the oldest audio, not memory
+_MAX_QUEUED_FRAMES = 150  # 3 s per speaker (network bursts); a stalled loop drops the oldest, not memory
 _SILENCE = bytes(FRAME_BYTES)
 
 
