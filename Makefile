@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 run: setup
 	$(VENV)/bin/switchboard doctor || true
-	$(VENV)/bin/switchboard talk
+	$(VENV)/bin/switchboard start
 
 test: setup
 	$(VENV)/bin/ruff check .

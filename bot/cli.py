@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("doctor", help="read-only diagnostics: Python, libopus, davey, audio, settings, the key")
     sub.add_parser("run", help="the Discord bot with background runs (needs DISCORD_BOT_TOKEN and a provider key)")
+    sub.add_parser("start", help="`run` when DISCORD_BOT_TOKEN is set, otherwise the terminal conversation (`talk`)")
     talk.add_parser(sub)
     runs_cli.add_parser(sub)
     return parser
@@ -83,6 +84,16 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         return 0
     if not _settings_usable(report, args.command):
         return EXIT_USAGE
+    if args.command == "start":
+        token = report.settings.discord_token
+        if token is not None and token.get_secret_value():
+            print("switchboard start: DISCORD_BOT_TOKEN is set, so starting the Discord bot (switchboard run)",
+                  file=sys.stderr)
+            args.command = "run"
+        else:
+            print("switchboard start: no DISCORD_BOT_TOKEN, so starting the terminal conversation (switchboard "
+                  "talk); set it to run the Discord bot (README: 'Add the bot to your server')", file=sys.stderr)
+            args = parser.parse_args([*(["--env-file", str(args.env_file)] if args.env_file else []), "talk"])
     if args.command == "talk":
         return talk.run(report.settings, args)
     if args.command == "run":

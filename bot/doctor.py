@@ -51,8 +51,53 @@ def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
     checks.append(_operators(report))
     if not report.problems:
         checks += [_home(report.settings), _latency_log(report.settings)]
+        checks += _discord(report.settings)
         checks += agent_lanes(report.settings)
     return checks
+
+
+def _discord(settings) -> list[Check]:
+    from .service.invite import application_id, invite_url
+
+    token = settings.discord_token.get_secret_value() if settings.discord_token is not None else ""
+    if not token:
+        return [Check("discord", "warn", "DISCORD_BOT_TOKEN is not set: `switchboard run` (the Discord bot) needs "
+                                         "it; `switchboard talk` works without")]
+    app = application_id(token)
+    if app is None:
+        return [Check("discord", "warn", "DISCORD_BOT_TOKEN does not look like a bot token (three dot-separated "
+                                        "parts, the first the bot's id); copy it again: Developer Portal → Bot → "
+                                        "Reset Token")]
+    rows = [Check("discord", "ok", f"token for application {app} (value not checked with Discord here); invite "
+                                   f"the bot: {invite_url(app)}")]
+    if settings.runs_channel_id is None:
+        rows.append(Check("runs channel", "warn", "SWITCHBOARD_RUNS_CHANNEL_ID is not set: finished runs are "
+                                                  "said in the call but not posted"))
+    else:
+        rows.append(_last_post(settings))
+    return rows
+
+
+def _last_post(settings) -> Check:
+    """The last run post's outcome, read from the store without changing it."""
+    import sqlite3
+
+    path = settings.home.expanduser() / DB_FILENAME
+    channel = settings.runs_channel_id
+    if not path.exists():
+        return Check("runs channel", "ok", f"{channel}; nothing posted yet")
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            row = db.execute("SELECT run_id, kind, detail FROM run_events WHERE kind IN ('posted', 'post_failed') "
+                             "ORDER BY id DESC LIMIT 1").fetchone()
+    except sqlite3.Error:
+        row = None
+    if row is None:
+        return Check("runs channel", "ok", f"{channel}; nothing posted yet")
+    run_id, kind, detail = row
+    if kind == "post_failed":
+        return Check("runs channel", "warn", f"the last post (run {run_id}) failed: {detail}")
+    return Check("runs channel", "ok", f"{channel}; run {run_id} was the last posted")
 
 
 def _home(settings) -> Check:

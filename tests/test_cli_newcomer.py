@@ -250,3 +250,13 @@ def test_doctor_checks_the_latency_log_as_talk_does(cli, tmp_path):
            "SWITCHBOARD_HOME": str(tmp_path / "home")}
     code, out, _ = cli("doctor", env=env)
     assert code == 1 and "BAD   latency log" in out and "does not exist; create it first" in out
+
+
+def test_start_says_which_mode_it_chose_and_why(cli):
+    code, _, err = cli("start")
+    assert code == 2 and err.splitlines()[0].startswith("switchboard start: no DISCORD_BOT_TOKEN, so starting the "
+                                                        "terminal conversation")
+    assert "switchboard talk: no API key" in err
+    code, _, err = cli("start", env={"DISCORD_BOT_TOKEN": SECRET})
+    assert code == 2 and "DISCORD_BOT_TOKEN is set, so starting the Discord bot" in err
+    assert "switchboard run: no API key" in err and SECRET not in err

@@ -75,7 +75,7 @@ def script(ctx):
 
 
 @contextlib.asynccontextmanager
-async def room(tmp_path) -> AsyncIterator[Room]:
+async def room(tmp_path, **extra: str) -> AsyncIterator[Room]:
     async with FakeDiscord(voice=True, workdir=tmp_path) as fake, FakeRealtime(script) as realtime:
         olive, gus = fake.add_user("olive", nick="Olive"), fake.add_user("gus", nick="Olive")
         home = tmp_path / "home"
@@ -84,7 +84,7 @@ async def room(tmp_path) -> AsyncIterator[Room]:
                "SWITCHBOARD_REALTIME_URL": realtime.url, "SWITCHBOARD_HOME": str(home),
                "SWITCHBOARD_OPERATOR_USER_IDS": str(olive.id), "SWITCHBOARD_AGENT_LANES": "command",
                "SWITCHBOARD_AGENT_COMMAND": f"{sys.executable} {FAKE_AGENT} answer {{task}}",
-               "SWITCHBOARD_RUNS_CHANNEL_ID": str(fake.text_channel.id)}
+               "SWITCHBOARD_RUNS_CHANNEL_ID": str(fake.text_channel.id), **extra}
         log = (tmp_path / "switchboard.log").open("wb")
         proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.support.fake_discord.run_switchboard",
                                                     cwd=ROOT, env=env, stdout=log, stderr=log)
@@ -163,3 +163,19 @@ async def test_a_guest_with_the_operators_name_and_an_overlap_are_refused_and_no
     assert "summary" in outputs[0] and "only an operator can start work" in outputs[1]["error"]
     assert "summary" in outputs[2] and "several people spoke" in outputs[3]["error"]
     assert r.tickets() == []
+
+
+@pytest.mark.asyncio
+async def test_join_leave_join_at_once_still_hears_and_an_empty_channel_is_left(tmp_path):
+    async with room(tmp_path, SWITCHBOARD_IDLE_LEAVE_S="0.5") as r:
+        await join_and_settle(r, r.olive)
+        left = await r.command("talk leave", r.olive)
+        again = await r.command("talk join", r.olive, {"channel": r.fake.voice_channel.id})  # at once
+        await r.fake.wait_bot_voice(timeout=WAIT_S)
+        await r.fake.journal.wait_for(lambda: r.fake.bot.id in r.fake.voice.relay.members, WAIT_S)
+        await say(r, r.olive)  # the second call hears her
+        await r.fake.leave_voice(r.olive)  # nobody left: the bot goes after SWITCHBOARD_IDLE_LEAVE_S
+        await r.fake.journal.wait_for(lambda: r.fake.state.guild.voice.get(r.fake.bot.id) is None, WAIT_S)
+        await r.fake.journal.wait_for(lambda: any("Nobody was left" in m.get("content", "")
+                                                  for m in r.fake.state.messages), WAIT_S)
+    assert left["embeds"][0]["title"] == "Left the call" and again["embeds"][0]["title"] == "In the call"

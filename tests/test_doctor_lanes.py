@@ -47,3 +47,37 @@ def test_only_the_configured_lanes_are_probed():
                   "SWITCHBOARD_HERMES_API_URL": f"http://127.0.0.1:{free_port()}"})
     assert list(found) == ["agent lane hermes-api", "background runs"]
     assert "not running" in found["agent lane hermes-api"].detail
+
+
+def discord_rows(variables: dict[str, str]) -> dict[str, doctor.Check]:
+    report = check_settings(variables)
+    assert not report.problems, report.problems
+    return {check.name: check for check in doctor._discord(report.settings)}
+
+
+def test_the_invite_url_comes_from_the_token_with_exactly_the_permissions_needed():
+    import base64
+
+    token = base64.b64encode(b"1577111991095394304").decode().rstrip("=") + ".GxYz12.s3cr3t-part-never-shown"
+    rows = discord_rows({"DISCORD_BOT_TOKEN": token})
+    assert rows["discord"].status == "ok" and "s3cr3t" not in rows["discord"].detail
+    assert ("https://discord.com/oauth2/authorize?client_id=1577111991095394304&scope=bot%20applications.commands"
+            "&permissions=3165184") in rows["discord"].detail  # view, send, embed links, connect, speak
+    assert rows["runs channel"].status == "warn"
+    assert discord_rows({})["discord"].status == "warn"
+    assert discord_rows({"DISCORD_BOT_TOKEN": "not-a-token"})["discord"].status == "warn"
+
+
+async def test_doctor_shows_the_last_failed_run_post_from_the_store(tmp_path):
+    from bot.runs.repository import MIGRATIONS, RunRepository
+    from bot.store import open_store
+
+    store = await open_store(tmp_path, MIGRATIONS)
+    repo = RunRepository(store)
+    ticket = await repo.create(lane="command", task="t", requester_id=None, owner="o", idempotency_key="k", now=1.0)
+    await repo.log(ticket.id, "post_failed", "channel 1234567890123456789: the bot may not post there", 2.0)
+    await store.close()
+    token = "MTU3NzExMTk5MTA5NTM5NDMwNA.GxYz12.abc"
+    rows = discord_rows({"DISCORD_BOT_TOKEN": token, "SWITCHBOARD_HOME": str(tmp_path),
+                         "SWITCHBOARD_RUNS_CHANNEL_ID": "1234567890123456789"})
+    assert rows["runs channel"].status == "warn" and "may not post there" in rows["runs channel"].detail

@@ -54,7 +54,7 @@ class SwitchboardBot(discord.Client):
         self.runs: RunService | None = None
         self.calls = CallManager(self, runs=lambda: self._runs(), gate=self.gate, provider=self._provider,
                                  identity=lambda: build_identity(settings.home, settings.identity_include),
-                                 deaf_after_s=settings.deaf_after_s)
+                                 deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s)
         self.tree.add_command(TalkGroup(self))
         self.tree.add_command(RunsGroup(self))
         self.synced: list[str] = []
@@ -162,6 +162,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
         return EXIT_USAGE
     runs = RunService(store, runs_config(settings), sink=bot.sink)
     bot.runs = runs
+    bot.sink.record = lambda run_id, kind, detail: runs.repo.log(run_id, kind, detail, time.time())
     stopping = stopping or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -50,15 +50,17 @@ class GuildCall:
     text_channel_id: int | None = None
     ended: str | None = None
     deaf_watch: asyncio.Task | None = None
+    idle_timer: asyncio.Task | None = None
     rejoined: bool = False
 
 
 class CallManager:
     def __init__(self, client: discord.Client, *, runs: Callable[[], RunService], gate: OperatorGate,
                  provider: Callable[[], RealtimeProvider], identity: Callable[[], Identity],
-                 deaf_after_s: float = 5.0) -> None:
+                 deaf_after_s: float = 5.0, idle_leave_s: float = 120.0) -> None:
         self._client = client
         self._deaf_after_s = deaf_after_s
+        self._idle_leave_s = idle_leave_s
         self._runs = runs
         self._gate = gate
         self._provider = provider
@@ -109,6 +111,7 @@ class CallManager:
                                                   name=f"deaf-{guild.id}")
             task.add_done_callback(lambda t, g=guild.id: self._engine_ended(g, t))
             log.info("call %s: joined channel %s of guild %s", info.call_id, channel.id, guild.id)
+            self._watch_idle(guild, call)
             return (f"Talking in <#{channel.id}> with {provider.name} {provider.model}, voice {provider.voice}. "
                     "Everyone can talk; only operators can start or stop work.")
 
@@ -124,8 +127,9 @@ class CallManager:
         if call is None:
             return "I was not in a voice channel here."
         call.ended = reason
-        if call.deaf_watch is not None:
-            call.deaf_watch.cancel()
+        for task in (call.deaf_watch, call.idle_timer):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
         call.detach()
         call.engine.stop()
         call.transport.close()
@@ -187,13 +191,48 @@ class CallManager:
         call = self._calls.get(member.guild.id)
         if call is None:
             return
-        if member.id == self._client.user.id if self._client.user else False:
-            if after.channel is None:  # disconnected by someone (or Discord): end the call cleanly
-                asyncio.get_running_loop().create_task(self.leave(member.guild.id, reason="disconnected from voice"))
+        me = self._client.user
+        if me is not None and member.id == me.id:
+            if after.channel is None or after.channel.id != call.channel_id:
+                # disconnected or moved by someone (or Discord): end this call cleanly
+                why = "disconnected from voice" if after.channel is None else "moved to another channel"
+                asyncio.get_running_loop().create_task(self.leave(member.guild.id, reason=why))
             return
         if before.channel is not None and before.channel.id == call.channel_id and (
                 after.channel is None or after.channel.id != call.channel_id):
             call.transport.forget(member.id)
+        self._watch_idle(member.guild, call)
+
+    def _humans(self, guild: discord.Guild, channel_id: int) -> int:
+        channel = guild.get_channel(channel_id)
+        states = getattr(channel, "voice_states", None) or {}
+        me = self._client.user.id if self._client.user else None
+        count = 0
+        for user_id in states:
+            member = guild.get_member(user_id)
+            if user_id != me and not (member is not None and member.bot):
+                count += 1
+        return count
+
+    def _watch_idle(self, guild: discord.Guild, call: GuildCall) -> None:
+        """Leave once no human has been in the channel for SWITCHBOARD_IDLE_LEAVE_S."""
+        alone = self._humans(guild, call.channel_id) == 0
+        if not alone:
+            if call.idle_timer is not None:
+                call.idle_timer.cancel()
+                call.idle_timer = None
+            return
+        if call.idle_timer is None or call.idle_timer.done():
+            call.idle_timer = asyncio.get_running_loop().create_task(self._idle_leave(guild, call),
+                                                                     name=f"idle-{guild.id}")
+
+    async def _idle_leave(self, guild: discord.Guild, call: GuildCall) -> None:
+        await asyncio.sleep(self._idle_leave_s)
+        if self._calls.get(guild.id) is not call or self._humans(guild, call.channel_id) > 0:
+            return
+        await self.leave(guild.id, reason=f"nobody in the channel for {self._idle_leave_s:g} s")
+        await self._say(call.text_channel_id, f"Nobody was left in <#{call.channel_id}>, so I left. "
+                                              "`/talk join` brings me back.")
 
 
 def _display_name(guild: discord.Guild, user_id: int) -> str | None:

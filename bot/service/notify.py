@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import discord
@@ -35,6 +35,8 @@ class ChannelSink:
         self._clock = clock
         self.posted = 0
         self.last_failure: PostFailure | None = None
+        # Where each post's outcome is kept (the run's events in the store), for `runs show` and `doctor`.
+        self.record: Callable[[int, str, str], Awaitable[None]] | None = None
 
     async def post_run(self, ticket: RunTicket) -> None:
         if self.channel_id is None:
@@ -45,16 +47,27 @@ class ChannelSink:
             await channel.send(embed=run_embed(ticket, self._clock()),
                                allowed_mentions=discord.AllowedMentions.none())
         except discord.Forbidden:
-            self._failed(ticket, "the bot may not post there (it needs View Channel, Send Messages and Embed Links)")
+            await self._failed(ticket, "the bot may not post there (it needs View Channel, Send Messages and "
+                                       "Embed Links)")
         except discord.NotFound:
-            self._failed(ticket, "the channel does not exist (deleted?); set SWITCHBOARD_RUNS_CHANNEL_ID again")
+            await self._failed(ticket, "the channel does not exist (deleted?); set SWITCHBOARD_RUNS_CHANNEL_ID again")
         except (discord.HTTPException, OSError) as exc:
-            self._failed(ticket, f"Discord refused the post ({type(exc).__name__}: {str(exc)[:200]})")
+            await self._failed(ticket, f"Discord refused the post ({type(exc).__name__}: {str(exc)[:200]})")
         else:
             self.posted += 1
             self.last_failure = None
+            await self._record(ticket.id, "posted", f"in channel {self.channel_id}")
 
-    def _failed(self, ticket: RunTicket, reason: str) -> None:
+    async def _failed(self, ticket: RunTicket, reason: str) -> None:
         self.last_failure = PostFailure(self._clock(), self.channel_id, reason)
         log.warning("run %s: could not post it in channel %s: %s (the run is kept; /runs show %s has it)",
                     ticket.id, self.channel_id, reason, ticket.id)
+        await self._record(ticket.id, "post_failed", f"channel {self.channel_id}: {reason}")
+
+    async def _record(self, run_id: int, kind: str, detail: str) -> None:
+        if self.record is None:
+            return
+        try:
+            await self.record(run_id, kind, detail)
+        except Exception:  # the post's outcome is a note; losing it must not lose the run
+            log.exception("run %s: could not record the post's outcome", run_id)
