@@ -107,9 +107,14 @@ async def join_and_settle(r: Room, member: SimUser) -> None:
     await r.fake.join_voice(member)
     joined = await r.command("talk join", r.olive, {"channel": r.fake.voice_channel.id})
     assert joined["embeds"][0]["title"] == "In the call", joined
+    await in_voice(r)
+    await r.realtime.wait_received("session.update", timeout=WAIT_S)
+
+
+async def in_voice(r: Room) -> None:
+    """The bot's voice session is described and it is a member of the channel's DAVE group."""
     await r.fake.wait_bot_voice(timeout=WAIT_S)
     await r.fake.journal.wait_for(lambda: r.fake.bot.id in r.fake.voice.relay.members, WAIT_S)
-    await r.realtime.wait_received("session.update", timeout=WAIT_S)
 
 
 async def say(r: Room, *speakers: SimUser, text: str = "audit the auth module and report back") -> None:
@@ -171,8 +176,7 @@ async def test_join_leave_join_at_once_still_hears_and_an_empty_channel_is_left(
         await join_and_settle(r, r.olive)
         left = await r.command("talk leave", r.olive)
         again = await r.command("talk join", r.olive, {"channel": r.fake.voice_channel.id})  # at once
-        await r.fake.wait_bot_voice(timeout=WAIT_S)
-        await r.fake.journal.wait_for(lambda: r.fake.bot.id in r.fake.voice.relay.members, WAIT_S)
+        await in_voice(r)
         await say(r, r.olive)  # the second call hears her
         await r.fake.leave_voice(r.olive)  # nobody left: the bot goes after SWITCHBOARD_IDLE_LEAVE_S
         await r.fake.journal.wait_for(lambda: r.fake.state.guild.voice.get(r.fake.bot.id) is None, WAIT_S)

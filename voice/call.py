@@ -38,7 +38,7 @@ from voice.providers.base import RealtimeProvider, SessionConfig
 from voice.transports.base import TurnContext
 from voice.turn_record import TurnRecord
 from voice.turns import TurnLedger
-from voice.vad import LocalEndpointer, VadConfig
+from voice.vad import LocalEndpointer, SpeechDetector, VadConfig
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,10 @@ class CallCore:
     """One call's conversation state. Every public method returns the actions to carry out."""
 
     def __init__(self, provider: RealtimeProvider, session: SessionConfig, options: CallOptions | None = None,
-                 *, logger: logging.Logger | logging.LoggerAdapter | None = None) -> None:
+                 *, logger: logging.Logger | logging.LoggerAdapter | None = None,
+                 detector: SpeechDetector | None = None) -> None:
+        """`detector` decides speech in local endpointing (default: loudness, `EnergyDetector`); the
+        shell injects a trained one. It is stateful: one per call."""
         self.provider = provider
         self.options = options or CallOptions()
         self.log = logger or log
@@ -121,7 +124,7 @@ class CallCore:
         self._received_ms: dict[str, float] = {}  # item -> ms of audio received
         self._history: deque[tuple[str, str]] = deque(maxlen=RESTORE_ITEMS)
         self.turns = TurnLedger()
-        self._endpointer: LocalEndpointer[TurnContext] = LocalEndpointer(self.options.vad)
+        self._endpointer: LocalEndpointer[TurnContext] = LocalEndpointer(self.options.vad, detector=detector)
         self._committed = UNKNOWN  # server endpointing: the turn the server's next answer belongs to
         self.counters: dict[str, int] = {"barge_ins": 0, "cancels_sent": 0, "stale_audio_dropped": 0,
                                          "tool_calls": 0, "announcements": 0, "reconnects": 0,

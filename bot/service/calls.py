@@ -21,7 +21,7 @@ from bot.runs import RunService, run_tools
 from voice.attribution import CallInfo
 from voice.call import CallOptions
 from voice.discord_client import ListeningVoiceClient
-from voice.engine import CallEngine, CallFailed
+from voice.engine import CallEngine, CallFailed, speech_detector
 from voice.identity import Identity
 from voice.providers import RealtimeProvider
 from voice.tools import ToolCatalogue
@@ -98,9 +98,11 @@ class CallManager:
             voice.add_sink(transport.on_speech)
             runs = self._runs()
             catalogue = ToolCatalogue(self._gate, run_tools(runs))
+            vad = VadConfig()
+            detector = await asyncio.to_thread(speech_detector, vad, log)  # loading the model takes ~0.2 s
             info = CallInfo(f"g{guild.id}-{int(time.time())}", guild.id, channel.id)
             engine = CallEngine(provider, transport, catalogue, self._identity(),
-                                options=CallOptions(endpointing="local", vad=VadConfig()), call=info)
+                                options=CallOptions(endpointing="local", vad=vad), call=info, detector=detector)
             voice.play(transport.source)
             detach = runs.attach(engine)
             task = asyncio.create_task(engine.run(), name=f"call-{guild.id}")
