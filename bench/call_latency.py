@@ -27,12 +27,12 @@ from websockets.asyncio.client import connect  # noqa: E402
 
 from tests.support.fake_realtime import AudioReply, FakeRealtime, b64, silence_pcm16, tone_pcm16  # noqa: E402
 from tests.support.virtual_transport import VirtualTransport  # noqa: E402
-from voice.call import CallOptions  # noqa: E402
-from voice.engine import CallEngine  # noqa: E402
-from voice.identity import Identity  # noqa: E402
-from voice.providers import OpenAIRealtime  # noqa: E402
-from voice.tools import ToolCatalogue  # noqa: E402
-from voice.vad import VadConfig  # noqa: E402
+from voice.call.core import CallOptions  # noqa: E402
+from voice.call.engine import CallEngine  # noqa: E402
+from voice.call.identity import Identity  # noqa: E402
+from voice.call.providers import OpenAIRealtime  # noqa: E402
+from voice.call.tools import ToolCatalogue  # noqa: E402
+from voice.call.vad import VadConfig  # noqa: E402
 
 
 class TimedTransport(VirtualTransport):

@@ -46,7 +46,7 @@ def child(mode: str, path: Path) -> None:
     """Run one input path over `path`; print frames/bytes produced and peak RSS in MB."""
     produced = 0
     if mode == "stream":
-        from voice.transports.file import FileTransport
+        from voice.call.transports.file import FileTransport
 
         async def drain() -> int:
             transport = FileTransport(path, path.with_suffix(".out.wav"), realtime=False, tail_silence=False)

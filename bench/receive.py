@@ -28,8 +28,8 @@ import numpy as np  # noqa: E402
 
 from tests.support.dave_group import DaveGroup  # noqa: E402
 from tests.support.packets import DiscordSender, FakeConnection  # noqa: E402
-from voice.opus import load_libopus  # noqa: E402
-from voice.receive import Receiver  # noqa: E402
+from voice.media.opus import load_libopus  # noqa: E402
+from voice.media.receive import Receiver  # noqa: E402
 
 CHANNEL, BOT, ALICE, SSRC = 1_300_000_000_000_000_001, 3_000_000_000_000_000_001, 3_000_000_000_000_000_002, 4242
 

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 from typing import Literal
 
-from voice.providers import PROVIDERS
+from voice.call.providers import PROVIDERS
 
 from .paths import home_problem, output_problem
 from .settings import KEY_VARIABLES, SettingsError, SettingsReport, key_variable, realtime_api_key
@@ -207,7 +207,7 @@ def _python() -> Check:
 
 def _libopus() -> Check:
     try:
-        from voice.opus import OpusDecoder, load_libopus
+        from voice.media.opus import OpusDecoder, load_libopus
 
         lib = load_libopus()
         OpusDecoder()

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from voice.providers import (
+from voice.call.providers import (
     DEFAULT_MODEL,
     DEFAULT_VOICE,
     PROVIDERS,
@@ -31,7 +31,7 @@ from voice.providers import (
     check_model,
     check_voice,
 )
-from voice.providers.endpoint import check_key_endpoint, check_realtime_url, display_url
+from voice.call.providers.endpoint import check_key_endpoint, check_realtime_url, display_url
 
 from . import setting_rules as rules
 

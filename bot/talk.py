@@ -19,13 +19,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 from voice.audio import AudioFileError
-from voice.call import CallOptions
-from voice.engine import CallEngine, CallFailed
-from voice.identity import build_identity
-from voice.providers import ProviderConfigError, RealtimeProvider, make_provider
-from voice.telemetry import Telemetry
-from voice.tools import AllowKnownSpeakers, ToolCatalogue
-from voice.vad import VadConfig
+from voice.call.core import CallOptions
+from voice.call.engine import CallEngine, CallFailed
+from voice.call.identity import build_identity
+from voice.call.providers import ProviderConfigError, RealtimeProvider, make_provider
+from voice.call.telemetry import Telemetry
+from voice.call.tools import AllowKnownSpeakers, ToolCatalogue
+from voice.call.vad import VadConfig
 
 from .compose import run_service
 from .doctor import wav_hint
@@ -218,10 +218,10 @@ def _refuse(message: str) -> int:
 
 def _make_transport(args):
     if args.input_wav:
-        from voice.transports.file import FileTransport
+        from voice.call.transports.file import FileTransport
 
         return FileTransport(args.input_wav, args.output_wav)
-    from voice.transports.terminal import TerminalTransport
+    from voice.call.transports.terminal import TerminalTransport
 
     return TerminalTransport(echo_gate=not args.no_echo_gate)
 

@@ -178,7 +178,7 @@ def test_recording_whose_header_was_never_finalised_is_recovered(tmp_path):
 
 
 def test_a_file_cut_short_after_its_header_was_written_is_read_and_says_so(tmp_path):
-    from voice.transports.file import FileTransport
+    from voice.call.transports.file import FileTransport
 
     path = write_wav(tmp_path / "full.wav", tone(200.0, 1000, 24_000), 24_000, 2)
     cut = tmp_path / "cut.wav"

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 
 from tests.test_call_core import make_core, sent
-from voice import events as ev
-from voice.attribution import LOCAL_SPEAKER
-from voice.call import RunTool
-from voice.transports.base import TurnContext
+from voice.call import events as ev
+from voice.call.attribution import LOCAL_SPEAKER
+from voice.call.core import RunTool
+from voice.call.transports.base import TurnContext
 
 LOUD = (np.sin(np.arange(480) / 3) * 8000).astype("<i2").tobytes()
 QUIET = bytes(960)

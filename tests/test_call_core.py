@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from tests.support.realtime_schema import validate_client_event
-from voice import events as ev
-from voice.call import (
+from voice.call import events as ev
+from voice.call.core import (
     AnnouncementResult,
     CallCore,
     CallOptions,
@@ -14,8 +14,8 @@ from voice.call import (
     Send,
     StopPlayback,
 )
-from voice.providers import OpenAIRealtime, SessionConfig, ToolSpec
-from voice.transports.base import TurnContext
+from voice.call.providers import OpenAIRealtime, SessionConfig, ToolSpec
+from voice.call.transports.base import TurnContext
 
 
 class Speaker:

@@ -7,8 +7,8 @@ import pytest
 
 from tests.test_call_attribution import LOUD, QUIET, speak, turn_of
 from tests.test_call_core import make_core, sent, types
-from voice import events as ev
-from voice.call import AnnouncementResult, CallState, InvalidState, RecordTurn
+from voice.call import events as ev
+from voice.call.core import AnnouncementResult, CallState, InvalidState, RecordTurn
 
 
 def test_start_twice_and_reconnected_without_a_drop_are_errors():
@@ -106,9 +106,9 @@ def test_the_call_core_imports_nothing_that_does_io():
     import subprocess
     import sys
 
-    probe = ("import sys, voice.call; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+    probe = ("import sys, voice.call.core; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
              "('voice', 'websockets', 'sounddevice', 'aiosqlite', 'httpx', 'discord', 'asyncio', 'socket'))))")
     loaded = set(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout.split())
-    assert not loaded & {"voice.telemetry", "voice.engine", "voice.transports.speaker", "voice.playback",
+    assert not loaded & {"voice.call.telemetry", "voice.call.engine", "voice.call.transports.speaker", "voice.media.playback",
                          "websockets", "sounddevice", "aiosqlite", "httpx", "discord", "asyncio", "socket"}, loaded
-    assert {"voice.call", "voice.floor", "voice.turns", "voice.turn_record"} <= loaded
+    assert {"voice.call.core", "voice.call.floor", "voice.call.turns", "voice.call.turn_record"} <= loaded

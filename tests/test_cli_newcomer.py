@@ -15,7 +15,7 @@ import pytest
 
 from bot import talk
 from bot.cli import main
-from voice.telemetry import Telemetry, TurnRecord
+from voice.call.telemetry import Telemetry, TurnRecord
 
 SECRET = "sk-newcomer-secret-never-printed-99"
 ROOT = Path(__file__).resolve().parent.parent

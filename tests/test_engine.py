@@ -20,14 +20,14 @@ from tests.support.fake_realtime import (
     tone_pcm16,
 )
 from tests.support.virtual_transport import VirtualTransport
-from voice.call import CallOptions
-from voice.engine import CallEngine, CallFailed
-from voice.events import SpeechStopped
-from voice.identity import Identity
-from voice.providers import OpenAIRealtime
-from voice.tools import Tool, ToolCall, ToolCatalogue
-from voice.transports.base import TurnContext
-from voice.vad import EnergyDetector
+from voice.call.core import CallOptions
+from voice.call.engine import CallEngine, CallFailed
+from voice.call.events import SpeechStopped
+from voice.call.identity import Identity
+from voice.call.providers import OpenAIRealtime
+from voice.call.tools import Tool, ToolCall, ToolCatalogue
+from voice.call.transports.base import TurnContext
+from voice.call.vad import EnergyDetector
 
 KEY = "sk-test-NEVER-PRINT-THIS-0123456789"
 

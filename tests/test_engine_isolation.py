@@ -9,11 +9,11 @@ import logging
 import websockets
 
 from tests.support.virtual_transport import VirtualTransport
-from voice.engine import CallEngine
-from voice.identity import Identity
-from voice.providers import OpenAIRealtime
-from voice.tools import ToolCall, ToolCatalogue
-from voice.transports.base import FRAME_BYTES
+from voice.call.engine import CallEngine
+from voice.call.identity import Identity
+from voice.call.providers import OpenAIRealtime
+from voice.call.tools import ToolCall, ToolCatalogue
+from voice.call.transports.base import FRAME_BYTES
 
 
 class ScriptedSocket:
@@ -108,4 +108,4 @@ async def test_events_queued_for_a_dropped_socket_never_reach_the_new_one(caplog
     assert all(set(base64.b64decode(a)) == {2} for a in appends)  # nothing from before the drop
     assert engine.dropped_sends >= 5
     assert all(f"[call {engine.call.call_id}]" in r.getMessage() for r in caplog.records
-               if r.name == "voice.engine")
+               if r.name == "voice.call.engine")

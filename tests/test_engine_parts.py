@@ -8,10 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from voice.identity import MEMORY_CAP, PERSONA_CAP, build_identity
-from voice.providers import ProviderConfigError, SessionConfig, ToolSpec, XAIRealtime, make_provider
-from voice.tools import Tool, ToolCatalogue
-from voice.vad import EnergyVad, VadConfig
+from voice.call.identity import MEMORY_CAP, PERSONA_CAP, build_identity
+from voice.call.providers import ProviderConfigError, SessionConfig, ToolSpec, XAIRealtime, make_provider
+from voice.call.tools import Tool, ToolCatalogue
+from voice.call.vad import EnergyVad, VadConfig
 
 
 class Facts:
@@ -96,7 +96,7 @@ def test_openai_refuses_unknown_voice_retiring_model_and_missing_key():
 
 def test_xai_client_events_besides_the_session_follow_ga_names_and_shapes():
     from tests.support.realtime_schema import validate_client_event
-    from voice.providers import ResponseRequest
+    from voice.call.providers import ResponseRequest
 
     provider = XAIRealtime("k", "grok-voice-latest", "Eve")
     for event in (provider.append_audio(b"\0\0"), provider.commit_audio(), provider.cancel_response(),

@@ -15,7 +15,7 @@ from discord.voice_state import ConnectionFlowState
 from tests.support.fake_discord import EPHEMERAL, FakeDiscord, NotInvocable, SimUser, point_discord_py_at
 from tests.support.fake_discord.bot_process import BotProcess
 from tests.support.packets import dominant_frequency, opus_frames
-from voice.discord_client import ListeningVoiceClient
+from voice.media.discord_client import ListeningVoiceClient
 
 
 def talk_client() -> tuple[discord.Client, list[tuple[int, str]]]:

@@ -21,13 +21,13 @@ from bot.store import open_store
 from tests.support.fake_realtime import AudioReply, FakeRealtime, ToolCallReply
 from tests.support.speech import speech_frames
 from tests.test_runs_harness import FAKE_AGENT, SAFETY_S
-from voice.attribution import UNKNOWN, Attribution, CallInfo
-from voice.call import CallOptions
-from voice.engine import CallEngine
-from voice.identity import Identity
-from voice.providers import OpenAIRealtime
-from voice.tools import Tool, ToolCall, ToolCatalogue, ToolRefused
-from voice.transports.room import RoomTransport
+from voice.call.attribution import UNKNOWN, Attribution, CallInfo
+from voice.call.core import CallOptions
+from voice.call.engine import CallEngine
+from voice.call.identity import Identity
+from voice.call.providers import OpenAIRealtime
+from voice.call.tools import Tool, ToolCall, ToolCatalogue, ToolRefused
+from voice.media.room import RoomTransport
 
 OLIVE, GUS, MAY = 301234567890123456, 402345678901234567, 503456789012345678
 KEY = "sk-gate-test-NEVER-SHOWN"

@@ -8,7 +8,7 @@ import threading
 import numpy as np
 
 from tests.support.packets import dominant_frequency
-from voice.playback import PlaybackSource
+from voice.media.playback import PlaybackSource
 
 
 def tone24k(freq: float, ms: int, amplitude: float = 0.3) -> bytes:

@@ -17,8 +17,8 @@ from tests.support.packets import (
     dominant_frequency,
     opus_frames,
 )
-from voice.receive import Receiver
-from voice.rtp import OPUS_SILENCE
+from voice.media.receive import Receiver
+from voice.media.rtp import OPUS_SILENCE
 
 CHANNEL = 1_100_000_000_000_000_001
 BOT = 1_000_000_000_000_000_001

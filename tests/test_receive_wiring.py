@@ -14,8 +14,8 @@ from discord.voice_state import ConnectionFlowState, SocketReader, VoiceConnecti
 
 from tests.support.dave_group import DaveGroup
 from tests.support.packets import DiscordSender, FakeConnection, dominant_frequency, opus_frames
-from voice.discord_client import ListeningVoiceClient
-from voice.receive import Receiver
+from voice.media.discord_client import ListeningVoiceClient
+from voice.media.receive import Receiver
 
 CHANNEL = 1_200_000_000_000_000_001
 BOT, ALICE, LIB = 2_000_000_000_000_000_001, 2_000_000_000_000_000_002, 2_000_000_000_000_000_003

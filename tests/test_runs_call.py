@@ -21,12 +21,12 @@ from tests.support.virtual_transport import VirtualTransport
 from tests.test_runs_harness import FAKE_AGENT, SAFETY_S
 from tests.test_runs_hermes import KEY as HERMES_KEY
 from tests.test_talk_file_mode import ROOT, write_wav
-from voice.call import CallOptions
-from voice.engine import CallEngine
-from voice.identity import Identity
-from voice.providers import OpenAIRealtime
-from voice.tools import AllowKnownSpeakers, ToolCatalogue
-from voice.transports.base import TurnContext
+from voice.call.core import CallOptions
+from voice.call.engine import CallEngine
+from voice.call.identity import Identity
+from voice.call.providers import OpenAIRealtime
+from voice.call.tools import AllowKnownSpeakers, ToolCatalogue
+from voice.call.transports.base import TurnContext
 
 OPENAI_KEY = "sk-runs-in-a-call-NEVER-PRINT"
 ALICE = 4242

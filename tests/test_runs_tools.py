@@ -8,8 +8,8 @@ from types import SimpleNamespace
 from bot.runs import run_tools, speaker_of
 from tests.test_runs_harness import agent_command
 from tests.test_runs_service import harness
-from voice.attribution import Attribution
-from voice.tools import AllowKnownSpeakers, ToolCall, ToolCatalogue, ToolRefused
+from voice.call.attribution import Attribution
+from voice.call.tools import AllowKnownSpeakers, ToolCall, ToolCatalogue, ToolRefused
 
 ALICE = 111111111111111111
 ALICE_SPOKE = Attribution("resp_1", 1, frozenset({ALICE}))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from voice.audio import AudioFileError, WavReader, read_wav, to_mono_24k
-from voice.transports.base import FRAME_BYTES
-from voice.transports.file import FileTransport
+from voice.call.transports.base import FRAME_BYTES
+from voice.call.transports.file import FileTransport
 
 
 def write_wav(path: Path, seconds: float, rate: int = 48_000, channels: int = 2) -> Path:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from voice.attribution import UNKNOWN, Attribution, CallInfo
-from voice.builtin_tools import talk_status_tool
-from voice.tools import AllowKnownSpeakers, Tool, ToolCatalogue, ToolRefused
+from voice.call.attribution import UNKNOWN, Attribution, CallInfo
+from voice.call.builtin_tools import talk_status_tool
+from voice.call.tools import AllowKnownSpeakers, Tool, ToolCatalogue, ToolRefused
 
 ALICE, BOB = 111111111111111111, 222222222222222222
 CALL = CallInfo("c0ffee", guild_id=1234567890123456789, channel_id=9876543210987654321)

@@ -16,12 +16,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from voice.attribution import LOCAL_SPEAKER
 from voice.audio import read_wav, rms_dbfs
-from voice.transports.base import FRAME_BYTES, CallTransport
-from voice.transports.file import FileTransport
-from voice.transports.speaker import SILENCE_FRAME, PacedSpeaker
-from voice.transports.terminal import EchoGate, TerminalAudioUnavailable, TerminalTransport
+from voice.call.attribution import LOCAL_SPEAKER
+from voice.call.transports.base import FRAME_BYTES, CallTransport
+from voice.call.transports.file import FileTransport
+from voice.call.transports.speaker import SILENCE_FRAME, PacedSpeaker
+from voice.call.transports.terminal import EchoGate, TerminalAudioUnavailable, TerminalTransport
 
 
 def tone(freq: float, ms: int, rate: int = 24_000, amplitude: float = 0.5) -> bytes:

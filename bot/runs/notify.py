@@ -10,7 +10,7 @@ from .speech import STATE_WORDS, bounded, elapsed_words
 
 
 class Announcer(Protocol):
-    """A live call that can say something unprompted (e.g. `voice.engine.CallEngine`).
+    """A live call that can say something unprompted (e.g. `voice.call.engine.CallEngine`).
 
     `announce` returns True once spoken, False when the call ended (or could not) before speaking.
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from voice.tools import Tool, ToolCall
+from voice.call.tools import Tool, ToolCall
 
 from .service import RunService, UnknownRun
 

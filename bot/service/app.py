@@ -20,8 +20,8 @@ from bot.compose import runs_config
 from bot.runs import MIGRATIONS, RunService
 from bot.settings import Settings, SettingsError, realtime_api_key
 from bot.store import StoreError, open_store
-from voice.identity import build_identity
-from voice.providers import ProviderConfigError, make_provider
+from voice.call.identity import build_identity
+from voice.call.providers import ProviderConfigError, make_provider
 
 from .calls import CallManager
 from .commands import RunsGroup, TalkGroup

@@ -18,15 +18,15 @@ from dataclasses import dataclass, field
 import discord
 
 from bot.runs import RunService, run_tools
-from voice.attribution import CallInfo
-from voice.call import CallOptions
-from voice.discord_client import ListeningVoiceClient
-from voice.engine import CallEngine, CallFailed, speech_detector
-from voice.identity import Identity
-from voice.providers import RealtimeProvider
-from voice.tools import ToolCatalogue
-from voice.transports.room import RoomTransport
-from voice.vad import VadConfig
+from voice.call.attribution import CallInfo
+from voice.call.core import CallOptions
+from voice.call.engine import CallEngine, CallFailed, speech_detector
+from voice.call.identity import Identity
+from voice.call.providers import RealtimeProvider
+from voice.call.tools import ToolCatalogue
+from voice.call.vad import VadConfig
+from voice.media.discord_client import ListeningVoiceClient
+from voice.media.room import RoomTransport
 
 from .gate import OperatorGate
 

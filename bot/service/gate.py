@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
-from voice.tools import Tool, ToolCall, ToolRefused
+from voice.call.tools import Tool, ToolCall, ToolRefused
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 
-from voice.call_actions import PlaybackPosition
-from voice.transports.base import FRAME_BYTES, TurnContext
+from voice.call.actions import PlaybackPosition
+from voice.call.transports.base import FRAME_BYTES, TurnContext
 
 BYTES_PER_MS = 48  # 24 kHz mono s16le
 

@@ -31,7 +31,7 @@ import discord
 from discord.voice_state import VoiceConnectionState
 
 from tests.support.fake_discord.pointing import point_discord_py
-from voice.discord_client import ListeningVoiceClient
+from voice.media.discord_client import ListeningVoiceClient
 
 
 def emit(event: str, **data: Any) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from voice.events import ProviderEvent
+from voice.call.events import ProviderEvent
 
 
 class ProviderConfigError(ValueError):

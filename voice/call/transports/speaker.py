@@ -2,7 +2,7 @@
 
 The engine queues audio on the event loop (`play`, `finish_item`, `clear`); a clock — the file
 transport's paced task, the sound card's callback thread, or discord.py's player thread (through
-`voice.playback.PlaybackSource`) — takes one frame per tick with `pull_frame()`. They meet at one
+`voice.media.playback.PlaybackSource`) — takes one frame per tick with `pull_frame()`. They meet at one
 lock, so `played_ms()` is exactly what was handed to the output, the figure barge-in truncation
 needs, and the listener hears when each item starts and when the output goes idle.
 """
@@ -15,8 +15,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Self
 
-from voice.attribution import LOCAL_SPEAKER
-from voice.call_actions import PlaybackPosition
+from voice.call.actions import PlaybackPosition
+from voice.call.attribution import LOCAL_SPEAKER
 
 from .base import FRAME_BYTES, RATE, PlaybackListener, TurnContext
 

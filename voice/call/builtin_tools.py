@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from voice.tools import Tool, ToolCall
+from voice.call.tools import Tool, ToolCall
 
 
 def talk_status_tool(status: Callable[[], dict]) -> Tool:

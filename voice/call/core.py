@@ -17,9 +17,8 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 
-from voice import events as ev
-from voice.attribution import UNKNOWN, Attribution, speaker_context_text
-from voice.call_actions import (
+from voice.call import events as ev
+from voice.call.actions import (
     SILENT,
     Action,
     AnnouncementResult,
@@ -33,12 +32,13 @@ from voice.call_actions import (
     ShowTranscript,
     StopPlayback,
 )
-from voice.floor import Announcement, Floor
-from voice.providers.base import RealtimeProvider, SessionConfig
-from voice.transports.base import TurnContext
-from voice.turn_record import TurnRecord
-from voice.turns import TurnLedger
-from voice.vad import LocalEndpointer, SpeechDetector, VadConfig
+from voice.call.attribution import UNKNOWN, Attribution, speaker_context_text
+from voice.call.floor import Announcement, Floor
+from voice.call.providers.base import RealtimeProvider, SessionConfig
+from voice.call.transports.base import TurnContext
+from voice.call.turn_record import TurnRecord
+from voice.call.turns import TurnLedger
+from voice.call.vad import LocalEndpointer, SpeechDetector, VadConfig
 
 log = logging.getLogger(__name__)
 

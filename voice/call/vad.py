@@ -2,7 +2,7 @@
 of 24 kHz mono audio.
 
 Sans-I/O. The detector is injected: `EnergyDetector` (loudness only, no model, the fallback) lives
-here; `voice.silero_vad.SileroDetector` (a trained model, which loads a file) lives in its own
+here; `voice.call.silero_vad.SileroDetector` (a trained model, which loads a file) lives in its own
 module and is built by the shell, so importing the call core never loads a model runtime.
 """
 

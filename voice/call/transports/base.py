@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from voice.call_actions import PlaybackPosition
+from voice.call.actions import PlaybackPosition
 
 RATE = 24_000
 FRAME_MS = 20

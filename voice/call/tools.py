@@ -20,8 +20,8 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from voice.attribution import UNKNOWN, Attribution, CallInfo
-from voice.providers.base import ToolSpec
+from voice.call.attribution import UNKNOWN, Attribution, CallInfo
+from voice.call.providers.base import ToolSpec
 
 log = logging.getLogger(__name__)
 

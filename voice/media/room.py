@@ -8,7 +8,7 @@ whose `turn_context()` names everyone in it. Discord clients stop sending in sil
 with no queued frame contributes nothing; the call core's local endpointing (VAD on the mixed
 frames) decides turns and unions the speakers of exactly the frames it commits.
 
-Playback: a `voice.playback.PlaybackSource` that discord.py's player thread reads; its start and
+Playback: a `voice.media.playback.PlaybackSource` that discord.py's player thread reads; its start and
 idle notices are handed to the engine on the loop with `call_soon_threadsafe`.
 """
 
@@ -22,9 +22,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 import numpy as np
 
 from voice.audio import Resampler
-from voice.call_actions import PlaybackPosition
-from voice.playback import PlaybackSource
-from voice.transports.base import FRAME_BYTES, PlaybackListener, TurnContext
+from voice.call.actions import PlaybackPosition
+from voice.call.transports.base import FRAME_BYTES, PlaybackListener, TurnContext
+from voice.media.playback import PlaybackSource
 
 DISCORD_RATE = 48_000
 MODEL_RATE = 24_000

@@ -1,14 +1,14 @@
 """What the call core asks its shell to do, and the playback facts the shell passes in.
 
-Plain values: the core returns lists of these; `voice.engine.CallEngine` carries them out.
+Plain values: the core returns lists of these; `voice.call.engine.CallEngine` carries them out.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from voice.attribution import Attribution
-from voice.turn_record import TurnRecord
+from voice.call.attribution import Attribution
+from voice.call.turn_record import TurnRecord
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import base64
 import json
 from typing import Any
 
-from voice import events as ev
+from voice.call import events as ev
 
 from .base import ProviderConfigError, ResponseRequest, SessionConfig
 

@@ -1,6 +1,6 @@
 """The call engine's async shell: one provider socket, one transport, tools as tasks.
 
-Everything that decides lives in `voice.call.CallCore`; this module moves bytes and time: it reads
+Everything that decides lives in `voice.call.core.CallCore`; this module moves bytes and time: it reads
 provider events, feeds user frames, runs tools off the audio path, sends what the core asks for
 (in order, through one writer), reconnects with backoff, and settles announcements.
 """
@@ -22,9 +22,10 @@ import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
 from voice import __version__
-from voice.attribution import CallInfo
-from voice.builtin_tools import talk_status_tool
-from voice.call import (
+from voice.call.actions import PlaybackPosition
+from voice.call.attribution import CallInfo
+from voice.call.builtin_tools import talk_status_tool
+from voice.call.core import (
     Action,
     AnnouncementResult,
     CallCore,
@@ -38,15 +39,14 @@ from voice.call import (
     ShowTranscript,
     StopPlayback,
 )
-from voice.call_actions import PlaybackPosition
-from voice.call_log import CallLogger
-from voice.identity import Identity
-from voice.providers.base import RealtimeProvider, SessionConfig
-from voice.redact import redacted_logger
-from voice.telemetry import Telemetry
-from voice.tools import ToolCatalogue, ToolDecision
-from voice.transports.base import CallTransport
-from voice.vad import EnergyDetector, SpeechDetector, VadConfig
+from voice.call.identity import Identity
+from voice.call.logs import CallLogger
+from voice.call.providers.base import RealtimeProvider, SessionConfig
+from voice.call.redact import redacted_logger
+from voice.call.telemetry import Telemetry
+from voice.call.tools import ToolCatalogue, ToolDecision
+from voice.call.transports.base import CallTransport
+from voice.call.vad import EnergyDetector, SpeechDetector, VadConfig
 
 log = logging.getLogger(__name__)
 
@@ -376,7 +376,7 @@ class CallEngine:
 def speech_detector(vad: VadConfig, logger: logging.Logger | logging.LoggerAdapter = log) -> SpeechDetector:
     """The local endpointer's detector: Silero when it loads, else loudness. One log line says which."""
     try:
-        from voice.silero_vad import SileroDetector
+        from voice.call.silero_vad import SileroDetector
         silero = SileroDetector()
     except Exception as exc:  # ImportError (not installed), OSError (its native library), RuntimeError (the model)
         logger.warning("local VAD: energy (%.0f dBFS); the Silero VAD did not load (%s: %s), so fans, "

@@ -13,11 +13,12 @@ from __future__ import annotations
 import discord
 import numpy as np
 
-from .audio import Resampler
-from .call_actions import PlaybackPosition
+from voice.audio import Resampler
+from voice.call.actions import PlaybackPosition
+from voice.call.transports.base import PlaybackListener
+from voice.call.transports.speaker import PacedSpeaker
+
 from .opus import FRAME_BYTES
-from .transports.base import PlaybackListener
-from .transports.speaker import PacedSpeaker
 
 MODEL_RATE = 24_000
 DISCORD_RATE = 48_000

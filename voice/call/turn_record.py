@@ -1,6 +1,6 @@
 """One user turn and the answer to it, as the call core times it: pure data, no I/O.
 
-The core hands these out as `RecordTurn` actions; `voice.telemetry` (the shell's side) keeps and
+The core hands these out as `RecordTurn` actions; `voice.call.telemetry` (the shell's side) keeps and
 writes them.
 """
 

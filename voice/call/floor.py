@@ -13,9 +13,9 @@ import json
 from collections import deque
 from dataclasses import dataclass
 
-from voice.attribution import UNKNOWN, Attribution
-from voice.providers.base import ResponseRequest
-from voice.turn_record import TurnRecord
+from voice.call.attribution import UNKNOWN, Attribution
+from voice.call.providers.base import ResponseRequest
+from voice.call.turn_record import TurnRecord
 
 REQUEST_KEY = "sb_req"  # our correlation id on every response.create we send
 EVENT_ID_PREFIX = "sb_"

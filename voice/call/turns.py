@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import itertools
 
-from voice.attribution import Attribution
-from voice.transports.base import TurnContext
-from voice.turn_record import TurnRecord
+from voice.call.attribution import Attribution
+from voice.call.transports.base import TurnContext
+from voice.call.turn_record import TurnRecord
 
 
 class TurnLedger:

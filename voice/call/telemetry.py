@@ -10,7 +10,7 @@ import logging
 from collections import deque
 from pathlib import Path
 
-from voice.turn_record import TurnRecord
+from voice.call.turn_record import TurnRecord
 
 log = logging.getLogger(__name__)
 
