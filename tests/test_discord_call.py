@@ -150,7 +150,8 @@ async def test_the_operator_delegates_by_voice_and_the_run_lands_in_the_runs_cha
     (posted,) = r.fake.state.messages
     assert posted["embeds"][0]["title"] == "Run 1: audit the auth module"
     fields = {f["name"]: f["value"] for f in status["embeds"][0]["fields"]}
-    assert f"<@{r.olive.id}>" in fields["heard"]
+    assert f"<@{r.olive.id}>" in fields["heard"] and "ok" in fields["receiver"]
+    assert fields["voice activity"] == "silero" and "commit" in fields["last turns (from end of speech)"]
     assert left["embeds"][0]["title"] == "Left the call"
     assert heard, plain  # the member heard the assistant (DAVE frames the fake could open)
 

@@ -107,9 +107,11 @@ class SwitchboardBot(discord.Client):
             if receiver is not None:
                 counters = ", ".join(f"{k} {v}" for k, v in receiver.nonzero_stats().items()) or "none"
                 embed.add_field(name="receiver", value=counters[:1024], inline=False)
-            latencies = status.get("latency_ms") or status.get("last_latencies")
-            if latencies:
-                embed.add_field(name="latency", value=str(latencies)[:1024], inline=False)
+            turns = [t for t in status.get("recent_turns", []) if t]
+            if turns:
+                lines = [", ".join(f"{name.replace('_', ' ')} {ms:.0f} ms" for name, ms in t.items()) for t in turns[-3:]]
+                embed.add_field(name="last turns (from end of speech)", value="\n".join(lines)[:1024], inline=False)
+            embed.add_field(name="voice activity", value=str(status.get("vad") or "server"), inline=True)
         lanes = ", ".join(s.agent_lanes)
         embed.add_field(name="agent lanes", value=lanes, inline=True)
         embed.add_field(name="operators", value=str(len(self.gate.operators)) if self.gate.operators else
