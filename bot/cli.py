@@ -28,7 +28,7 @@ EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import talk
+    from . import talk, transcripts_cli
     from .runs import cli as runs_cli
 
     parser = argparse.ArgumentParser(
@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("start", help="`run` when DISCORD_BOT_TOKEN is set, otherwise the terminal conversation (`talk`)")
     talk.add_parser(sub)
     runs_cli.add_parser(sub)
+    transcripts_cli.add_parser(sub)
     return parser
 
 
@@ -102,6 +103,10 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         return run_service(report.settings)
     if args.command == "runs":
         return runs_cli.run(args, runs_config(report.settings), report.settings.home)
+    if args.command == "transcripts":
+        from . import transcripts_cli
+
+        return transcripts_cli.run(args, report.settings)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

@@ -9,9 +9,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 
+from listener.archive import MIGRATIONS as LISTENER_STEPS
+from listener.archive import Archive
+
 from .runs import MIGRATIONS, NotificationSink, RunsConfig, RunService
 from .settings import Settings
-from .store import open_store
+from .store import Migration, open_store
+
+# The listener declares its tables as plain steps (it never imports the service); the store applies them.
+LISTENER_MIGRATIONS = tuple(Migration(package, version, sql) for package, version, sql in LISTENER_STEPS)
 
 
 def runs_config(settings: Settings) -> RunsConfig:
@@ -34,4 +40,14 @@ async def run_service(settings: Settings, sink: NotificationSink | None = None) 
         yield service
     finally:
         await service.close()
+        await store.close()
+
+
+@contextlib.asynccontextmanager
+async def archive(settings: Settings) -> AsyncIterator[Archive]:
+    """The call archive in SWITCHBOARD_HOME's store (migrated), closed on exit. Raises StoreError."""
+    store = await open_store(settings.home, LISTENER_MIGRATIONS)
+    try:
+        yield Archive(store)
+    finally:
         await store.close()

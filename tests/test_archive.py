@@ -1,0 +1,125 @@
+"""The call archive on a real SQLite file: idempotent archiving, FTS5 search that cannot be steered
+by the query's syntax, filters, pagination that never truncates silently, and the CLI over it."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+import sqlite3
+
+import pytest
+
+from bot.compose import LISTENER_MIGRATIONS
+from bot.settings import check_settings
+from bot.store import DB_FILENAME, open_store
+from bot.transcripts_cli import add_parser, main
+from listener.archive import SOURCE_TRUST, Archive, ArchiveError, fts_query
+from listener.model import Transcript, Turn, user_label_for
+
+
+def call(conversation_id: str, *texts: tuple[str, str], direction: str = "inbound",
+         frm: str = "+15550001", to: str = "+15550002") -> Transcript:
+    return Transcript(conversation_id, tuple(Turn(i, speaker, text) for i, (speaker, text) in enumerate(texts)),
+                      source="bandwidth-call-recording", direction=direction, from_number=frm, to_number=to)
+
+
+DENTIST = call("call_1", ("TO", "Column's scheduling, this is Erica."),
+               ("FROM", "Hi, I'd like to move my dentist appointment to Tuesday."),
+               ("TO", "Tuesday at nine works. Anything else?"))
+PLUMBER = call("call_2", ("FROM", "Ares, add the plumber visit on Friday to my calendar."),
+               ("TO", "Sure, the plumber comes Friday."), direction="outbound", frm="+15550002", to="+15550003")
+
+
+@pytest.fixture
+async def archive(tmp_path):
+    store = await open_store(tmp_path, LISTENER_MIGRATIONS)
+    calls = Archive(store)
+    for transcript in (DENTIST, PLUMBER):
+        await calls.archive(transcript, json.dumps({"conversation_id": transcript.conversation_id}),
+                            received_at=1_750_000_000.0 + len(transcript.conversation_id),
+                            user_label=user_label_for(transcript.direction))
+    yield calls
+    await store.close()
+
+
+async def test_a_replayed_call_is_not_archived_twice(archive, tmp_path):
+    again = await archive.archive(DENTIST, "{}", received_at=1.0, user_label="TO")
+    assert again.created is False
+    with sqlite3.connect(tmp_path / DB_FILENAME) as db:
+        assert db.execute("SELECT COUNT(*) FROM transcripts").fetchone()[0] == 2
+        assert db.execute("SELECT COUNT(*) FROM transcript_turns").fetchone()[0] == 5
+
+
+async def test_search_finds_turns_with_all_the_words_and_marks_them_untrusted(archive):
+    found = await archive.search("dentist Tuesday")
+    assert found["source_trust"] == SOURCE_TRUST == "external-untrusted"
+    assert [(r["conversation_id"], r["turn_index"]) for r in found["results"]] == [("call_1", 1)]
+    assert found["results"][0]["speaker"] == "FROM" and found["results"][0]["is_user"] is False  # inbound: TO is you
+    assert (await archive.search("dentist plumber"))["results"] == []
+
+
+@pytest.mark.parametrize(("hostile", "expected"), [
+    ('text:"x" OR 1', 0), ("plumber) OR (dentist", 0), ("NEAR(plumber calendar)", 0), ("plumber*", 2),
+    ('"unbalanced', 0), ("-dentist", 1), ("^plumber", 2), ("dentist OR plumber", 0)])
+async def test_the_query_is_words_never_fts5_syntax(archive, hostile, expected):
+    """Operators, columns, prefixes and quotes are taken as words: every result holds every word."""
+    found = await archive.search(hostile)  # never an SQL or FTS5 syntax error
+    words = {w.lower() for w in re.findall(r"\w+", hostile)}
+    assert len(found["results"]) == expected
+    for r in found["results"]:
+        assert words <= {w.lower() for w in re.findall(r"\w+", r["text"])}
+
+
+def test_fts_query_quotes_every_word_and_refuses_an_empty_search():
+    assert fts_query('plumber) OR "x') == '"plumber" "OR" "x"'
+    with pytest.raises(ArchiveError, match="no words"):
+        fts_query("  ?! ")
+
+
+async def test_filters_narrow_by_call_speaker_direction_number_and_user(archive):
+    assert len((await archive.search("Tuesday"))["results"]) == 2
+    assert [r["turn_index"] for r in (await archive.search("Tuesday", speaker="TO"))["results"]] == [2]
+    assert (await archive.search("plumber", direction="inbound"))["results"] == []
+    assert len((await archive.search("plumber", number="+15550003"))["results"]) == 2
+    mine = (await archive.search("plumber", user_only=True))["results"]
+    assert [(r["speaker"], r["is_user"]) for r in mine] == [("FROM", True)]  # outbound: FROM is you
+    assert (await archive.search("Tuesday", conversation_id="call_2"))["results"] == []
+
+
+async def test_pages_say_where_the_next_one_starts_and_the_last_says_none(archive):
+    first = await archive.search("Tuesday", limit=1)
+    second = await archive.search("Tuesday", limit=1, offset=first["next_offset"])
+    assert first["next_offset"] == 1 and second["next_offset"] is None
+    assert {r["turn_index"] for r in first["results"] + second["results"]} == {1, 2}
+    with pytest.raises(ArchiveError, match="limit"):
+        await archive.search("Tuesday", limit=0)
+
+
+async def test_show_by_archive_id_or_conversation_id(archive):
+    by_id = await archive.show(1)
+    assert by_id == await archive.show("call_1")
+    assert [t["speaker"] for t in by_id["turns"]] == ["TO", "FROM", "TO"] and by_id["source_trust"] == SOURCE_TRUST
+    with pytest.raises(ArchiveError, match="no archived call 'nope'"):
+        await archive.show("nope")
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="switchboard")
+    add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["transcripts", *argv])
+
+
+async def test_the_cli_searches_and_shows_with_json_and_says_what_to_do(archive, tmp_path):
+    settings = check_settings({"SWITCHBOARD_HOME": str(tmp_path)}).settings
+    out, err = io.StringIO(), io.StringIO()
+    assert await main(parse("search", "plumber", "--json"), settings, out=out, err=err) == 0
+    data = json.loads(out.getvalue())
+    assert data["source_trust"] == "external-untrusted" and len(data["results"]) == 2
+    out = io.StringIO()
+    assert await main(parse("show", "call_2"), settings, out=out, err=err) == 0
+    assert "untrusted" in out.getvalue() and "FROM (you): Ares, add the plumber visit" in out.getvalue()
+    err = io.StringIO()
+    assert await main(parse("show", "404"), settings, out=io.StringIO(), err=err) == 2
+    assert err.getvalue().startswith("switchboard transcripts: no archived call '404'")
