@@ -17,6 +17,8 @@ bench: setup
 	$(VENV)/bin/python bench/receive.py
 	$(VENV)/bin/python bench/call_latency.py
 	$(VENV)/bin/python bench/file_input_memory.py
+	$(VENV)/bin/python bench/discord_call.py
+	$(VENV)/bin/python bench/archive.py
 
 # libopus0: the Opus codec discord.py loads; libportaudio2: microphone/speaker for `talk`;
 # espeak-ng: real speech for the tests. apt is skipped entirely when all are present, and waits

@@ -3,7 +3,7 @@
 Receive: `on_speech(user_id, ssrc, pcm)` is the `ListeningVoiceClient` sink (on the event loop,
 48 kHz stereo, one 20 ms frame per call). Each speaker's frames are downmixed and resampled to the
 model's 24 kHz mono by their own resampler and queued; `frames()` ticks every 20 ms and mixes the
-oldest queued frame of every speaker with audio pending, so overlapping speech becomes one frame
+oldest queued frame of every speaker with audio pending (scaled by 1/sqrt(n)), so overlapping speech becomes one frame
 whose `turn_context()` names everyone in it. Discord clients stop sending in silence, so a speaker
 with no queued frame contributes nothing; the call core's local endpointing (VAD on the mixed
 frames) decides turns and unions the speakers of exactly the frames it commits.
@@ -80,7 +80,7 @@ class RoomTransport:
         self._speakers.pop(user_id, None)
 
     def mix(self) -> tuple[bytes, frozenset[int]]:
-        """One 20 ms frame: the oldest queued frame of every speaker, summed and clipped."""
+        """One 20 ms frame: the oldest queued frame of every speaker, summed, scaled by 1/sqrt(n), clipped."""
         parts, who = [], []
         for user_id, speaker in self._speakers.items():
             if speaker.queue:
@@ -90,7 +90,10 @@ class RoomTransport:
             return _SILENCE, frozenset()
         if len(parts) == 1:
             return parts[0].tobytes(), frozenset(who)
-        mixed = np.clip(np.sum(parts, axis=0, dtype=np.int32), -32768, 32767).astype("<i2")
+        # Independent voices add up in power, not amplitude: scaling by 1/sqrt(n) keeps a crowd at about
+        # one voice's loudness (a plain sum clips at a few speakers and the VAD then hears noise).
+        total = np.sum(parts, axis=0, dtype=np.int32) / np.sqrt(len(parts))
+        mixed = np.clip(total, -32768, 32767).astype("<i2")
         return mixed.tobytes(), frozenset(who)
 
     async def frames(self) -> AsyncIterator[bytes]:
