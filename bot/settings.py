@@ -44,9 +44,11 @@ OPERATORS = "SWITCHBOARD_OPERATOR_USER_IDS"
 # Every variable a secret may come from: their values are never shown, in any message.
 SECRET_VARIABLES = frozenset({
     "DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN", "SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY",
-    "XAI_API_KEY", "SWITCHBOARD_HERMES_API_KEY", "API_SERVER_KEY",
+    "XAI_API_KEY", "SWITCHBOARD_HERMES_API_KEY", "API_SERVER_KEY", "TRANSCRIPT_LISTENER_API_KEY",
 })
-URL_VARIABLES = frozenset({"SWITCHBOARD_REALTIME_URL", "SWITCHBOARD_HERMES_API_URL"})
+URL_VARIABLES = frozenset({"SWITCHBOARD_REALTIME_URL", "SWITCHBOARD_HERMES_API_URL", "SMARTNUMBERS_STREAM_URL"})
+SMARTNUMBERS_HOST = "connections.smartnumbers.labs.bandwidth.com"
+SMARTNUMBERS_STREAM_URL = f"wss://{SMARTNUMBERS_HOST}/ws/hermes"
 KEY_VARIABLES = {"openai": ("SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY"), "xai": ("XAI_API_KEY",)}
 
 
@@ -93,6 +95,16 @@ class Settings(BaseSettings):
     agent_command: tuple[str, ...] = Field(DEFAULT_AGENT_COMMAND, validation_alias="SWITCHBOARD_AGENT_COMMAND")
     agent_profile: str | None = Field(None, validation_alias="SWITCHBOARD_AGENT_PROFILE")
     agent_timeout_s: float = Field(1800.0, validation_alias="SWITCHBOARD_AGENT_TIMEOUT_S")
+
+    # -- the Smartnumbers listener ------------------------------------------------------------------
+    listener_key: SecretStr | None = Field(None, validation_alias="TRANSCRIPT_LISTENER_API_KEY")
+    stream_url: str = Field(SMARTNUMBERS_STREAM_URL, validation_alias="SMARTNUMBERS_STREAM_URL")
+    stream_hosts: frozenset[str] = Field(frozenset({SMARTNUMBERS_HOST}), validation_alias="SMARTNUMBERS_ALLOWED_STREAM_HOSTS")
+    transcript_hosts: frozenset[str] = Field(frozenset(), validation_alias="SMARTNUMBERS_ALLOWED_TRANSCRIPT_HOSTS")
+    allow_insecure_local: bool = Field(False, validation_alias="SMARTNUMBERS_ALLOW_INSECURE_LOCAL")
+    max_message_bytes: int = Field(1 << 20, validation_alias="SMARTNUMBERS_MAX_MESSAGE_BYTES")
+    agent_name: str = Field("Ares", validation_alias="SWITCHBOARD_AGENT_NAME")
+    activation_names: tuple[str, ...] = Field((), validation_alias="SWITCHBOARD_ACTIVATION_NAMES")
 
     # -- where the values came from (names only) ---------------------------------------------------
     present: tuple[str, ...] = ()
@@ -215,7 +227,62 @@ class Settings(BaseSettings):
     def _agent_command(cls, value: Any) -> tuple[str, ...]:
         return value if isinstance(value, tuple) else rules.command_template(value, "{task}")
 
-    @field_validator("openai_api_key", "xai_api_key", "discord_token", "hermes_api_key", mode="before")
+    @field_validator("stream_hosts", "transcript_hosts", mode="before")
+    @classmethod
+    def _hosts(cls, value: Any) -> frozenset[str]:
+        if isinstance(value, frozenset):
+            return value
+        hosts = [h.strip().lower().rstrip(".") for h in str(value).split(",") if h.strip()]
+        bad = [h for h in hosts if not re.fullmatch(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*", h)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a host name; list exact host names, comma-separated (no scheme, "
+                             "port or wildcard)")
+        return frozenset(hosts)
+
+    @field_validator("allow_insecure_local", mode="before")
+    @classmethod
+    def _flag(cls, value: Any) -> bool:
+        if isinstance(value, bool):
+            return value
+        text = str(value).strip().lower()
+        if text in ("true", "1", "yes", "on"):
+            return True
+        if text in ("false", "0", "no", "off"):
+            return False
+        raise ValueError("use true or false")
+
+    @field_validator("max_message_bytes", mode="before")
+    @classmethod
+    def _bytes(cls, value: Any) -> int:
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise ValueError("is not a whole number of bytes; e.g. 1048576 (1 MiB)") from None
+        if not 1024 <= number <= 64 << 20:
+            raise ValueError("must be between 1024 and 67108864 bytes")
+        return number
+
+    @field_validator("agent_name", mode="before")
+    @classmethod
+    def _agent_name(cls, value: Any) -> str:
+        name = " ".join(str(value).split())
+        if not re.fullmatch(r"[\w][\w .'-]{0,39}", name):
+            raise ValueError("must be a name of up to 40 letters, digits, spaces, . ' or -")
+        return name
+
+    @field_validator("activation_names", mode="before")
+    @classmethod
+    def _activation_names(cls, value: Any) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        names = tuple(dict.fromkeys(" ".join(n.split()) for n in str(value).split(",") if n.strip()))
+        for name in names:
+            if not re.fullmatch(r"[\w][\w .'-]{0,39}", name):
+                raise ValueError(f"{name!r} is not a name; comma-separated names of letters, digits, spaces")
+        return names
+
+    @field_validator("openai_api_key", "xai_api_key", "discord_token", "hermes_api_key", "listener_key",
+                     mode="before")
     @classmethod
     def _secret(cls, value: Any, info: ValidationInfo) -> SecretStr | None:
         text = value.get_secret_value() if isinstance(value, SecretStr) else value

@@ -60,7 +60,21 @@ MIGRATIONS: tuple[tuple[str, int, str], ...] = ((PACKAGE, 1, """
         INSERT INTO transcript_turns_fts (transcript_turns_fts, rowid, text) VALUES ('delete', old.id, old.text);
         INSERT INTO transcript_turns_fts (rowid, text) VALUES (new.id, new.text);
     END;
-"""),)
+"""), (PACKAGE, 2, """
+    CREATE TABLE listener_jobs (
+        dedupe_key    TEXT    PRIMARY KEY,
+        transcript_id INTEGER NOT NULL REFERENCES transcripts (id) ON DELETE CASCADE,
+        kind          TEXT    NOT NULL,
+        job_id        TEXT,
+        state         TEXT    NOT NULL DEFAULT 'claimed',
+        detail        TEXT    NOT NULL DEFAULT '',
+        created_at    REAL    NOT NULL
+    );
+    CREATE INDEX listener_jobs_by_transcript ON listener_jobs (transcript_id);
+"""),
+    # version 2: the execution ledger — one row per job slot (a named command's dedupe key), claimed
+    # before its job starts, so a replayed event never dispatches twice
+)
 
 
 class Database(Protocol):
