@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.add_parser("doctor", help="read-only diagnostics: Python, libopus, davey, audio, settings, the key")
     sub.add_parser("run", help="the Discord bot with background runs (needs DISCORD_BOT_TOKEN and a provider key)")
+    sub.add_parser("listen", help="the Smartnumbers listener alone: archive calls, run their named commands")
     sub.add_parser("start", help="`run` when DISCORD_BOT_TOKEN is set, otherwise the terminal conversation (`talk`)")
     talk.add_parser(sub)
     runs_cli.add_parser(sub)
@@ -70,6 +71,10 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request's full URL at INFO (a presigned transcript URL's signature) and httpcore
+    # every header at DEBUG (the Hermes key): neither may reach a log, even with -v.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
         variables = read_variables(args.env_file, environ)
     except EnvFileError as exc:
@@ -103,6 +108,10 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         return run_service(report.settings)
     if args.command == "runs":
         return runs_cli.run(args, runs_config(report.settings), report.settings.home)
+    if args.command == "listen":
+        from . import listen
+
+        return listen.run(report.settings)
     if args.command == "transcripts":
         from . import transcripts_cli
 
