@@ -52,6 +52,7 @@ def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
     if not report.problems:
         checks += [_home(report.settings), _latency_log(report.settings)]
         checks += _discord(report.settings)
+        checks.append(_listener(report.settings))
         checks += agent_lanes(report.settings)
     return checks
 
@@ -76,6 +77,19 @@ def _discord(settings) -> list[Check]:
     else:
         rows.append(_last_post(settings))
     return rows
+
+
+def _listener(settings) -> Check:
+    from .listen import listener_problem
+
+    if settings.listener_key is None:
+        return Check("listener", "warn", "off: TRANSCRIPT_LISTENER_API_KEY is not set (phone-call transcripts are "
+                                         "not received; everything else works)")
+    if problem := listener_problem(settings):
+        return Check("listener", "bad", problem)
+    return Check("listener", "ok", f"stream {settings.stream_url.split('?')[0]} (key from TRANSCRIPT_LISTENER_API_KEY, "
+                                   f"not shown); agent name {settings.agent_name!r}"
+                                   + (f", also {', '.join(settings.activation_names)}" if settings.activation_names else ""))
 
 
 def _last_post(settings) -> Check:

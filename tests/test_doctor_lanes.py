@@ -81,3 +81,16 @@ async def test_doctor_shows_the_last_failed_run_post_from_the_store(tmp_path):
     rows = discord_rows({"DISCORD_BOT_TOKEN": token, "SWITCHBOARD_HOME": str(tmp_path),
                          "SWITCHBOARD_RUNS_CHANNEL_ID": "1234567890123456789"})
     assert rows["runs channel"].status == "warn" and "may not post there" in rows["runs channel"].detail
+
+
+def test_the_listener_row_says_off_bad_or_ok_and_never_shows_the_key():
+    def row(variables):
+        report = check_settings(variables)
+        assert not report.problems, report.problems
+        return doctor._listener(report.settings)
+
+    assert row({}).status == "warn" and "TRANSCRIPT_LISTENER_API_KEY is not set" in row({}).detail
+    leaky = row({"TRANSCRIPT_LISTENER_API_KEY": "sn-secret", "SMARTNUMBERS_STREAM_URL": "ws://203.0.113.5/ws"})
+    assert leaky.status == "bad" and "sn-secret" not in leaky.detail and "wss://" in leaky.detail
+    fine = row({"TRANSCRIPT_LISTENER_API_KEY": "sn-secret", "SWITCHBOARD_ACTIVATION_NAMES": "Aries"})
+    assert fine.status == "ok" and "sn-secret" not in fine.detail and "Aries" in fine.detail

@@ -16,7 +16,7 @@ import time
 import discord
 from discord import app_commands
 
-from bot.compose import runs_config
+from bot.compose import LISTENER_MIGRATIONS, runs_config
 from bot.runs import MIGRATIONS, RunService
 from bot.settings import Settings, SettingsError, realtime_api_key
 from bot.store import StoreError, open_store
@@ -158,7 +158,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     bot = SwitchboardBot(settings)
     bot.ready_future = ready
     try:
-        store = await open_store(settings.home, MIGRATIONS)
+        store = await open_store(settings.home, (*MIGRATIONS, *LISTENER_MIGRATIONS))
     except StoreError as exc:
         print(f"switchboard run: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -170,8 +170,10 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stopping.set)
     code = EXIT_OK
+    stream = None
     try:
         await runs.start()
+        stream = await _start_listener(settings, store, runs)
         token = settings.discord_token.get_secret_value()  # type: ignore[union-attr]
         runner = asyncio.create_task(bot.start(token), name="discord")
         stop_wait = asyncio.create_task(stopping.wait())
@@ -181,11 +183,34 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
         stop_wait.cancel()
         await shutdown(bot, runner)
     finally:
+        if stream is not None:
+            await stream.stop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
         await runs.close()
         await store.close()
     return code
+
+
+async def _start_listener(settings: Settings, store, runs: RunService):
+    """The Smartnumbers listener in this process when it is configured; one line says why when not."""
+    from bot.listen import build_pipeline, listener_problem
+    from listener.archive import Archive
+    from listener.stream import StreamClient
+
+    if settings.listener_key is None:
+        log.info("Smartnumbers listener off: TRANSCRIPT_LISTENER_API_KEY is not set")
+        return None
+    if problem := listener_problem(settings):
+        print(f"switchboard run: the Smartnumbers listener does not start: {problem}", file=sys.stderr)
+        return None
+    key = settings.listener_key
+    client = StreamClient(settings.stream_url, key=key.get_secret_value,
+                          allowed_hosts=settings.stream_hosts, allow_insecure_local=settings.allow_insecure_local,
+                          handle=build_pipeline(settings, Archive(store), runs).handle,
+                          max_message_bytes=settings.max_message_bytes)
+    await client.start()
+    return client
 
 
 def _start_failure(runner: asyncio.Task) -> int:
