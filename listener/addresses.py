@@ -192,12 +192,17 @@ _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 _FORBIDDEN = re.compile(r"[\x00-\x20\x7f\\]")
 
 
-def _normalise_host(raw: str) -> tuple[str, str | None]:
-    """(host, ip) — `host` lowercase ASCII; `ip` set for an IP literal. Raises UnsafeTranscriptURL."""
+class HostError(ValueError):
+    """A URL's host is malformed; the message is the reason only (callers add what was refused)."""
+
+
+def normalise_host(raw: str) -> tuple[str, str | None]:
+    """(host, ip) — `host` lowercase ASCII without brackets or a trailing dot; `ip` set for an IP
+    literal. Raises HostError with the reason."""
     if raw.startswith("[") and raw.endswith("]"):
         addr = _parse_ip(raw[1:-1])
         if not isinstance(addr, ipaddress.IPv6Address) or "%" in raw:
-            raise UnsafeTranscriptURL("transcript URL refused: malformed IPv6 host")
+            raise HostError("malformed IPv6 host")
         return str(addr), str(addr)
     addr = _parse_ip(raw) if "%" not in raw else None
     if isinstance(addr, ipaddress.IPv4Address):
@@ -206,18 +211,28 @@ def _normalise_host(raw: str) -> tuple[str, str | None]:
     try:
         name = name.encode("idna").decode("ascii").lower()
     except UnicodeError:
-        raise UnsafeTranscriptURL("transcript URL refused: host is not a valid hostname") from None
+        raise HostError("host is not a valid hostname") from None
     labels = name.split(".")
     if not name or len(name) > 253 or not all(_LABEL.match(label) for label in labels):
-        raise UnsafeTranscriptURL("transcript URL refused: host is not a valid hostname")
+        raise HostError("host is not a valid hostname")
     return name, None
 
 
-def _is_loopback_target(host: str, ip: str | None) -> bool:
+def _normalise_host(raw: str) -> tuple[str, str | None]:
+    try:
+        return normalise_host(raw)
+    except HostError as exc:
+        raise UnsafeTranscriptURL(f"transcript URL refused: {exc}") from None
+
+
+def is_loopback_target(host: str, ip: str | None) -> bool:
     """`localhost`, or an IP literal refused only for being loopback (127/8, ::1, mapped forms)."""
     if ip is None:
         return host == "localhost"
     return vet_address(ip) is not None and vet_address(ip, allow_loopback=True) is None
+
+
+_is_loopback_target = is_loopback_target
 
 
 def _check_expiry(expires_at: str | None, now: datetime) -> None:

@@ -48,7 +48,7 @@ from urllib.parse import urlsplit
 from websockets.asyncio.client import connect as _ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from listener.addresses import vet_address
+from listener.addresses import HostError, is_loopback_target, normalise_host
 
 __all__ = [
     "KEY_VARIABLE",
@@ -92,7 +92,6 @@ class StreamTarget:
 
 
 _FORBIDDEN = re.compile(r"[\x00-\x20\x7f\\]")
-_LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
 
 
 def _refuse(reason: str) -> StreamConfigError:
@@ -100,32 +99,13 @@ def _refuse(reason: str) -> StreamConfigError:
 
 
 def _normalise_host(raw: str) -> tuple[str, str | None]:
-    """(host, ip): lowercase ASCII host without brackets or trailing dot; `ip` for an IP literal."""
-    if raw.startswith("[") and raw.endswith("]"):
-        try:
-            addr = ipaddress.IPv6Address(raw[1:-1])
-        except ValueError:
-            raise _refuse("malformed IPv6 host") from None
-        return str(addr), str(addr)
     try:
-        return str(ipaddress.IPv4Address(raw)), str(ipaddress.IPv4Address(raw))
-    except ValueError:
-        pass
-    name = raw[:-1] if raw.endswith(".") else raw
-    try:
-        name = name.encode("idna").decode("ascii").lower()
-    except UnicodeError:
-        raise _refuse("host is not a valid host name") from None
-    if not name or len(name) > 253 or not all(_LABEL.match(label) for label in name.split(".")):
-        raise _refuse("host is not a valid host name")
-    return name, None
+        return normalise_host(raw)
+    except HostError as exc:
+        raise _refuse(str(exc)) from None
 
 
-def _is_loopback(host: str, ip: str | None) -> bool:
-    if ip is None:
-        return host == "localhost"
-    # Refused for being loopback and for nothing else (127.0.0.0/8, ::1, their mapped forms).
-    return vet_address(ip) is not None and vet_address(ip, allow_loopback=True) is None
+_is_loopback = is_loopback_target
 
 
 def _approved(allowed_hosts: frozenset[str]) -> frozenset[str]:
