@@ -123,3 +123,21 @@ async def test_the_cli_searches_and_shows_with_json_and_says_what_to_do(archive,
     err = io.StringIO()
     assert await main(parse("show", "404"), settings, out=io.StringIO(), err=err) == 2
     assert err.getvalue().startswith("switchboard transcripts: no archived call '404'")
+
+
+async def test_the_full_text_index_matches_the_turns_after_archiving_editing_and_deleting(archive, tmp_path):
+    def integrity() -> None:  # FTS5 raises "database disk image is malformed" when the index disagrees
+        with sqlite3.connect(tmp_path / DB_FILENAME) as db:
+            db.execute("INSERT INTO transcript_turns_fts (transcript_turns_fts, rank) VALUES ('integrity-check', 1)")
+
+    integrity()
+    async with archive.db.transaction() as conn:
+        await conn.execute("UPDATE transcript_turns SET text = 'the boiler is leaking' WHERE turn_index = 0 "
+                           "AND transcript_id = 2")
+    integrity()
+    assert [r["conversation_id"] for r in (await archive.search("boiler"))["results"]] == ["call_2"]
+    assert (await archive.search("plumber visit Friday"))["results"] == []  # the old words are gone
+    async with archive.db.transaction() as conn:
+        await conn.execute("DELETE FROM transcripts WHERE conversation_id = 'call_2'")
+    integrity()
+    assert (await archive.search("boiler"))["results"] == []
