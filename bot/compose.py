@@ -33,7 +33,7 @@ async def run_service(settings: Settings, sink: NotificationSink | None = None) 
     """The store in SWITCHBOARD_HOME and a started runs service over it; both closed on exit.
 
     Raises `bot.store.StoreError` (one line, says what to check) when the store cannot be opened."""
-    store = await open_store(settings.home, MIGRATIONS)
+    store = await open_store(settings.home, (*MIGRATIONS, *LISTENER_MIGRATIONS))  # the call's tools read both
     service = RunService(store, runs_config(settings), sink=sink)
     try:
         await service.start()

@@ -18,6 +18,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from listener.archive import Archive
 from voice.audio import AudioFileError
 from voice.call.core import CallOptions
 from voice.call.engine import CallEngine, CallFailed
@@ -29,6 +30,7 @@ from voice.call.vad import VadConfig
 
 from .compose import run_service
 from .doctor import wav_hint
+from .listener_tools import transcript_tools
 from .paths import output_problem
 from .runs import RunService, TerminalSink, run_tools
 from .settings import Settings, SettingsError, realtime_api_key
@@ -160,7 +162,8 @@ def _build_engine(provider: RealtimeProvider, transport, settings: Settings, end
     identity = build_identity(settings.home, settings.identity_include)
     # The terminal has one person at the keyboard, who may run every tool they ask for themselves;
     # the catalogue still refuses calls whose origin the core could not trace to their turn.
-    catalogue = ToolCatalogue(AllowKnownSpeakers(), run_tools(runs, requester_of=_no_user_id))
+    catalogue = ToolCatalogue(AllowKnownSpeakers(), [*run_tools(runs, requester_of=_no_user_id),
+                                                     *transcript_tools(Archive(runs.store))])
     return CallEngine(provider, transport, catalogue, identity,
                       options=CallOptions(endpointing=endpointing, vad=VadConfig()),
                       telemetry=telemetry, on_transcript=_print_transcript, hold_open=hold_open)

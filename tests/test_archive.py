@@ -141,3 +141,17 @@ async def test_the_full_text_index_matches_the_turns_after_archiving_editing_and
         await conn.execute("DELETE FROM transcripts WHERE conversation_id = 'call_2'")
     integrity()
     assert (await archive.search("boiler"))["results"] == []
+
+
+async def test_transcript_search_is_a_read_only_voice_tool_anyone_may_use(archive):
+    from bot.listener_tools import transcript_tools
+    from voice.call.tools import ToolCatalogue
+
+    catalogue = ToolCatalogue(None, transcript_tools(archive))  # the default gate denies every mutating tool
+    assert catalogue.get("transcript_search").mutating is False
+    outcome = await catalogue.run("c1", "transcript_search", json.dumps({"query": "plumber Friday"}))
+    found = json.loads(outcome.output)
+    assert outcome.ok and found["source_trust"] == "external-untrusted"
+    assert [r["conversation_id"] for r in found["results"]] == ["call_2", "call_2"]
+    empty = json.loads((await catalogue.run("c2", "transcript_search", json.dumps({"query": "?!"}))).output)
+    assert "no words" in empty["error"]

@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 
 import discord
 
+from bot.listener_tools import transcript_tools
 from bot.runs import RunService, run_tools
+from listener.archive import Archive
 from voice.call.attribution import CallInfo
 from voice.call.core import CallOptions
 from voice.call.engine import CallEngine, CallFailed, speech_detector
@@ -97,7 +99,7 @@ class CallManager:
             transport = RoomTransport(names=lambda user_id: _display_name(guild, user_id), loop=loop)
             voice.add_sink(transport.on_speech)
             runs = self._runs()
-            catalogue = ToolCatalogue(self._gate, run_tools(runs))
+            catalogue = ToolCatalogue(self._gate, [*run_tools(runs), *transcript_tools(Archive(runs.store))])
             vad = VadConfig()
             detector = await asyncio.to_thread(speech_detector, vad, log)  # loading the model takes ~0.2 s
             info = CallInfo(f"g{guild.id}-{int(time.time())}", guild.id, channel.id)
