@@ -1,23 +1,44 @@
-"""The composition root's shared pieces: settings → the runs service and its store.
+"""The composition root's shared pieces: settings → the store, the runs service, the archive.
 
-Every command that touches background runs (`talk`, `runs`, and later `run`) builds them here, so
-they all read the same settings the same way.
+Every command builds them here (`talk`, `runs`, `run`, `listen`, `transcripts`), so they all read
+the same settings, open the same store with the same migrations, and stop on the same signals.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import signal
+from collections.abc import AsyncIterator, Iterator
 
 from listener.archive import MIGRATIONS as LISTENER_STEPS
 from listener.archive import Archive
 
 from .runs import MIGRATIONS, NotificationSink, RunsConfig, RunService
 from .settings import Settings
-from .store import Migration, open_store
+from .store import Migration, Store, open_store
 
 # The listener declares its tables as plain steps (it never imports the service); the store applies them.
 LISTENER_MIGRATIONS = tuple(Migration(package, version, sql) for package, version, sql in LISTENER_STEPS)
+STORE_MIGRATIONS = (*MIGRATIONS, *LISTENER_MIGRATIONS)
+
+
+async def open_home_store(settings: Settings) -> Store:
+    """The one store in SWITCHBOARD_HOME, with every package's tables. Raises StoreError (one line)."""
+    return await open_store(settings.home, STORE_MIGRATIONS)
+
+
+@contextlib.contextmanager
+def stop_on_signals(stopping: asyncio.Event) -> Iterator[None]:
+    """Within the block, SIGINT and SIGTERM set `stopping` (the service then shuts down in order)."""
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
 
 
 def runs_config(settings: Settings) -> RunsConfig:
@@ -33,7 +54,7 @@ async def run_service(settings: Settings, sink: NotificationSink | None = None) 
     """The store in SWITCHBOARD_HOME and a started runs service over it; both closed on exit.
 
     Raises `bot.store.StoreError` (one line, says what to check) when the store cannot be opened."""
-    store = await open_store(settings.home, (*MIGRATIONS, *LISTENER_MIGRATIONS))  # the call's tools read both
+    store = await open_home_store(settings)
     service = RunService(store, runs_config(settings), sink=sink)
     try:
         await service.start()
@@ -46,7 +67,7 @@ async def run_service(settings: Settings, sink: NotificationSink | None = None) 
 @contextlib.asynccontextmanager
 async def archive(settings: Settings) -> AsyncIterator[Archive]:
     """The call archive in SWITCHBOARD_HOME's store (migrated), closed on exit. Raises StoreError."""
-    store = await open_store(settings.home, LISTENER_MIGRATIONS)
+    store = await open_home_store(settings)
     try:
         yield Archive(store)
     finally:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import signal
 import sys
 from typing import Any
 
@@ -20,11 +19,10 @@ from listener.download import download_transcript
 from listener.model import Transcript
 from listener.pipeline import TranscriptPipeline
 
-from .compose import LISTENER_MIGRATIONS, runs_config
-from .runs import MIGRATIONS as RUN_MIGRATIONS
+from .compose import open_home_store, runs_config, stop_on_signals
 from .runs import RunService, TerminalSink
 from .settings import Settings
-from .store import StoreError, open_store
+from .store import Store, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -93,37 +91,39 @@ def run(settings: Settings) -> int:
         return 130
 
 
-async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> int:
+def build_stream(settings: Settings, store: Store, runs: RunService | None):
+    """The stream client over the pipeline, acks logged (call `listener_problem` first)."""
     from listener.stream import StreamClient
 
+    key = settings.listener_key
+    return StreamClient(settings.stream_url, key=lambda: key.get_secret_value() if key else None,
+                        allowed_hosts=settings.stream_hosts, allow_insecure_local=settings.allow_insecure_local,
+                        handle=_logged(build_pipeline(settings, Archive(store), runs).handle),
+                        max_message_bytes=settings.max_message_bytes)
+
+
+async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> int:
     try:
-        store = await open_store(settings.home, (*RUN_MIGRATIONS, *LISTENER_MIGRATIONS))
+        store = await open_home_store(settings)
     except StoreError as exc:
         print(f"switchboard listen: {exc}", file=sys.stderr)
         return EXIT_USAGE
     runs = RunService(store, runs_config(settings), sink=TerminalSink())
     stopping = stopping or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
     try:
-        await runs.start()
-        pipeline = build_pipeline(settings, Archive(store), runs)
-        key = settings.listener_key
-        client = StreamClient(settings.stream_url, key=lambda: key.get_secret_value() if key else None,
-                              allowed_hosts=settings.stream_hosts, allow_insecure_local=settings.allow_insecure_local,
-                              handle=_logged(pipeline.handle), max_message_bytes=settings.max_message_bytes)
-        print(f"switchboard listen: listening on {settings.stream_url.split('?')[0]} (Ctrl-C to stop)", file=sys.stderr)
-        streaming = asyncio.create_task(client.run(), name="smartnumbers-stream")
-        stop_wait = asyncio.create_task(stopping.wait())
-        await asyncio.wait({streaming, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        stop_wait.cancel()
-        await client.stop()
-        streaming.cancel()
-        await asyncio.gather(streaming, return_exceptions=True)
+        with stop_on_signals(stopping):
+            await runs.start()
+            client = build_stream(settings, store, runs)
+            print(f"switchboard listen: listening on {settings.stream_url.split('?')[0]} (Ctrl-C to stop)",
+                  file=sys.stderr)
+            streaming = asyncio.create_task(client.run(), name="smartnumbers-stream")
+            stop_wait = asyncio.create_task(stopping.wait())
+            await asyncio.wait({streaming, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            stop_wait.cancel()
+            await client.stop()
+            streaming.cancel()
+            await asyncio.gather(streaming, return_exceptions=True)
     finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
         await runs.close()
         await store.close()
     return 0

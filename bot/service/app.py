@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
 import time
 
 import discord
 from discord import app_commands
 
-from bot.compose import LISTENER_MIGRATIONS, runs_config
-from bot.runs import MIGRATIONS, RunService
+from bot.compose import open_home_store, runs_config, stop_on_signals
+from bot.runs import RunService
 from bot.settings import Settings, SettingsError, realtime_api_key
-from bot.store import StoreError, open_store
+from bot.store import StoreError
 from voice.call.identity import build_identity
 from voice.call.providers import ProviderConfigError, make_provider
 
@@ -158,7 +157,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     bot = SwitchboardBot(settings)
     bot.ready_future = ready
     try:
-        store = await open_store(settings.home, (*MIGRATIONS, *LISTENER_MIGRATIONS))
+        store = await open_home_store(settings)
     except StoreError as exc:
         print(f"switchboard run: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -166,27 +165,23 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     bot.runs = runs
     bot.sink.record = lambda run_id, kind, detail: runs.repo.log(run_id, kind, detail, time.time())
     stopping = stopping or asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stopping.set)
     code = EXIT_OK
     stream = None
     try:
-        await runs.start()
-        stream = await _start_listener(settings, store, runs)
-        token = settings.discord_token.get_secret_value()  # type: ignore[union-attr]
-        runner = asyncio.create_task(bot.start(token), name="discord")
-        stop_wait = asyncio.create_task(stopping.wait())
-        done, _ = await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-        if runner in done:
-            code = _start_failure(runner)
-        stop_wait.cancel()
-        await shutdown(bot, runner)
+        with stop_on_signals(stopping):
+            await runs.start()
+            stream = await _start_listener(settings, store, runs)
+            token = settings.discord_token.get_secret_value()  # type: ignore[union-attr]
+            runner = asyncio.create_task(bot.start(token), name="discord")
+            stop_wait = asyncio.create_task(stopping.wait())
+            done, _ = await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if runner in done:
+                code = _start_failure(runner)
+            stop_wait.cancel()
+            await shutdown(bot, runner)
     finally:
         if stream is not None:
             await stream.stop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
         await runs.close()
         await store.close()
     return code
@@ -194,9 +189,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
 
 async def _start_listener(settings: Settings, store, runs: RunService):
     """The Smartnumbers listener in this process when it is configured; one line says why when not."""
-    from bot.listen import build_pipeline, listener_problem
-    from listener.archive import Archive
-    from listener.stream import StreamClient
+    from bot.listen import build_stream, listener_problem
 
     if settings.listener_key is None:
         log.info("Smartnumbers listener off: TRANSCRIPT_LISTENER_API_KEY is not set")
@@ -204,11 +197,7 @@ async def _start_listener(settings: Settings, store, runs: RunService):
     if problem := listener_problem(settings):
         print(f"switchboard run: the Smartnumbers listener does not start: {problem}", file=sys.stderr)
         return None
-    key = settings.listener_key
-    client = StreamClient(settings.stream_url, key=key.get_secret_value,
-                          allowed_hosts=settings.stream_hosts, allow_insecure_local=settings.allow_insecure_local,
-                          handle=build_pipeline(settings, Archive(store), runs).handle,
-                          max_message_bytes=settings.max_message_bytes)
+    client = build_stream(settings, store, runs)
     await client.start()
     return client
 
