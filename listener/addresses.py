@@ -232,9 +232,6 @@ def is_loopback_target(host: str, ip: str | None) -> bool:
     return vet_address(ip) is not None and vet_address(ip, allow_loopback=True) is None
 
 
-_is_loopback_target = is_loopback_target
-
-
 def _check_expiry(expires_at: str | None, now: datetime) -> None:
     if expires_at is None:
         return
@@ -302,7 +299,7 @@ def check_transcript_url(
         raise UnsafeTranscriptURL("transcript URL refused: no host")
     host, ip = _normalise_host(raw_host)
 
-    local_dev = allow_insecure_local and _is_loopback_target(host, ip)
+    local_dev = allow_insecure_local and is_loopback_target(host, ip)
     explicit_port = port is not None and port != {"https": 443, "http": 80}[scheme]
     if scheme == "http" and not local_dev:
         raise UnsafeTranscriptURL(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -186,13 +186,6 @@ class Archive:
                 "turns": [{"index": t["turn_index"], "speaker": t["speaker"], "is_user": bool(t["is_user"]),
                            "text": t["text"], "start_s": t["start_s"], "end_s": t["end_s"],
                            "source_turn_id": t["source_turn_id"]} for t in turns]}
-
-    async def recent(self, limit: int = 20) -> AsyncIterator[dict[str, Any]]:
-        for row in await self.db.fetchall(
-                "SELECT t.id, t.conversation_id, t.direction, t.from_number, t.to_number, t.received_at, "
-                "(SELECT COUNT(*) FROM transcript_turns u WHERE u.transcript_id = t.id) AS turns "
-                "FROM transcripts t ORDER BY t.received_at DESC, t.id DESC LIMIT ?", (limit,)):
-            yield dict(row)
 
 
 def _result(row: Any) -> dict[str, Any]:

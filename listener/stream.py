@@ -105,9 +105,6 @@ def _normalise_host(raw: str) -> tuple[str, str | None]:
         raise _refuse(str(exc)) from None
 
 
-_is_loopback = is_loopback_target
-
-
 def _approved(allowed_hosts: frozenset[str]) -> frozenset[str]:
     out = set()
     for entry in allowed_hosts:
@@ -152,7 +149,7 @@ def check_stream_url(url: str, *, allowed_hosts: frozenset[str], allow_insecure_
     if not raw_host:
         raise _refuse("no host")
     host, ip = _normalise_host(raw_host)
-    loopback = _is_loopback(host, ip)
+    loopback = is_loopback_target(host, ip)
     if scheme == "ws":
         if not allow_insecure_local:
             raise _refuse(

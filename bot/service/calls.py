@@ -50,7 +50,6 @@ class GuildCall:
     started_at: float = field(default_factory=time.time)
     requested_by: int | None = None
     text_channel_id: int | None = None
-    ended: str | None = None
     deaf_watch: asyncio.Task | None = None
     idle_timer: asyncio.Task | None = None
     rejoined: bool = False
@@ -130,7 +129,6 @@ class CallManager:
         call = self._calls.pop(guild_id, None)
         if call is None:
             return "I was not in a voice channel here."
-        call.ended = reason
         for task in (call.deaf_watch, call.idle_timer):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
