@@ -21,22 +21,23 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 import numpy as np
 
-from voice.audio import MODEL_RATE, MonoConverter
+from voice.audio import Resampler
 from voice.call.actions import PlaybackPosition
 from voice.call.transports.base import FRAME_BYTES, PlaybackListener, TurnContext
 from voice.media.playback import PlaybackSource
 
 DISCORD_RATE = 48_000
+MODEL_RATE = 24_000
 _MAX_QUEUED_FRAMES = 150  # 3 s per speaker (network bursts); a stalled loop drops the oldest, not memory
 _SILENCE = bytes(FRAME_BYTES)
 
 
 class _Speaker:
-    __slots__ = ("converter", "pending", "queue")
+    __slots__ = ("resampler", "pending", "queue")
 
     def __init__(self) -> None:
-        self.converter = MonoConverter(DISCORD_RATE)  # downmix, then HQ resample to 24 kHz
-        self.pending = bytearray()  # converted audio short of a whole frame
+        self.resampler = Resampler(DISCORD_RATE, MODEL_RATE, 1, "HQ")
+        self.pending = bytearray()  # resampled audio short of a whole frame
         self.queue: deque[bytes] = deque(maxlen=_MAX_QUEUED_FRAMES)
 
 
@@ -64,7 +65,9 @@ class RoomTransport:
         speaker = self._speakers.get(user_id)
         if speaker is None:
             speaker = self._speakers[user_id] = _Speaker()
-        speaker.pending += speaker.converter.convert(np.frombuffer(pcm, dtype="<i2").reshape(-1, 2))
+        stereo = np.frombuffer(pcm, dtype="<i2")
+        mono = ((stereo[0::2].astype(np.int32) + stereo[1::2]) // 2).astype("<i2").tobytes()
+        speaker.pending += speaker.resampler.convert(mono)
         while len(speaker.pending) >= FRAME_BYTES:
             speaker.queue.append(bytes(speaker.pending[:FRAME_BYTES]))
             del speaker.pending[:FRAME_BYTES]
