@@ -45,8 +45,10 @@ OPERATORS = "SWITCHBOARD_OPERATOR_USER_IDS"
 SECRET_VARIABLES = frozenset({
     "DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN", "SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY",
     "XAI_API_KEY", "SWITCHBOARD_HERMES_API_KEY", "API_SERVER_KEY", "TRANSCRIPT_LISTENER_API_KEY",
+    "SWITCHBOARD_TEXT_API_KEY",
 })
-URL_VARIABLES = frozenset({"SWITCHBOARD_REALTIME_URL", "SWITCHBOARD_HERMES_API_URL", "SMARTNUMBERS_STREAM_URL"})
+URL_VARIABLES = frozenset({"SWITCHBOARD_REALTIME_URL", "SWITCHBOARD_HERMES_API_URL", "SMARTNUMBERS_STREAM_URL",
+                           "SWITCHBOARD_TEXT_URL"})
 SMARTNUMBERS_HOST = "connections.smartnumbers.labs.bandwidth.com"
 SMARTNUMBERS_STREAM_URL = f"wss://{SMARTNUMBERS_HOST}/ws/hermes"
 KEY_VARIABLES = {"openai": ("SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY"), "xai": ("XAI_API_KEY",)}
@@ -105,6 +107,11 @@ class Settings(BaseSettings):
     max_message_bytes: int = Field(1 << 20, validation_alias="SMARTNUMBERS_MAX_MESSAGE_BYTES")
     agent_name: str = Field("Ares", validation_alias="SWITCHBOARD_AGENT_NAME")
     activation_names: tuple[str, ...] = Field((), validation_alias="SWITCHBOARD_ACTIVATION_NAMES")
+    transcripts_channel_id: int | None = Field(None, validation_alias="SWITCHBOARD_TRANSCRIPTS_CHANNEL_ID")
+    auto_review: bool = Field(True, validation_alias="SWITCHBOARD_AUTO_REVIEW")
+    text_model: str = Field("gpt-4.1-mini", validation_alias="SWITCHBOARD_TEXT_MODEL")
+    text_url: str = Field("https://api.openai.com/v1", validation_alias="SWITCHBOARD_TEXT_URL")
+    text_api_key: SecretStr | None = Field(None, validation_alias="SWITCHBOARD_TEXT_API_KEY")
 
     # -- where the values came from (names only) ---------------------------------------------------
     present: tuple[str, ...] = ()
@@ -217,7 +224,20 @@ class Settings(BaseSettings):
     def _guild_ids(cls, value: Any) -> frozenset[int]:
         return value if isinstance(value, frozenset) else rules.snowflakes(value)
 
-    @field_validator("runs_channel_id", mode="before")
+    @field_validator("text_url", mode="before")
+    @classmethod
+    def _text_url(cls, value: Any) -> str:
+        return rules.endpoint(lambda url: check_key_endpoint(url, tls="https"), value).rstrip("/")
+
+    @field_validator("text_model", mode="before")
+    @classmethod
+    def _text_model(cls, value: Any) -> str:
+        model = str(value).strip()
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._:/-]{0,99}", model):
+            raise ValueError("is not a model name (letters, digits and . _ : / - only), e.g. gpt-4.1-mini")
+        return model
+
+    @field_validator("runs_channel_id", "transcripts_channel_id", mode="before")
     @classmethod
     def _runs_channel(cls, value: Any) -> int | None:
         return None if value is None else rules.snowflake(value)
@@ -239,7 +259,7 @@ class Settings(BaseSettings):
                              "port or wildcard)")
         return frozenset(hosts)
 
-    @field_validator("allow_insecure_local", mode="before")
+    @field_validator("allow_insecure_local", "auto_review", mode="before")
     @classmethod
     def _flag(cls, value: Any) -> bool:
         if isinstance(value, bool):
@@ -282,7 +302,7 @@ class Settings(BaseSettings):
         return names
 
     @field_validator("openai_api_key", "xai_api_key", "discord_token", "hermes_api_key", "listener_key",
-                     mode="before")
+                     "text_api_key", mode="before")
     @classmethod
     def _secret(cls, value: Any, info: ValidationInfo) -> SecretStr | None:
         text = value.get_secret_value() if isinstance(value, SecretStr) else value
@@ -367,6 +387,19 @@ def realtime_api_key(settings: Settings) -> SecretStr:
         raise SettingsError(f"{name} is set but blank; put your key there, or unset it"
                             + (" to use OPENAI_API_KEY" if name == "SWITCHBOARD_OPENAI_API_KEY" else ""))
     return key
+
+
+def text_model_key(settings: Settings) -> tuple[str | None, str]:
+    """The durable-fact model's key and where it comes from: SWITCHBOARD_TEXT_API_KEY, else the OpenAI
+    key (SWITCHBOARD_OPENAI_API_KEY, OPENAI_API_KEY). (None, what to set) when there is none."""
+    if "SWITCHBOARD_TEXT_API_KEY" in settings.present:
+        key = settings.text_api_key.get_secret_value() if settings.text_api_key is not None else ""
+        return (key or None), "SWITCHBOARD_TEXT_API_KEY"
+    key = settings.openai_api_key.get_secret_value() if settings.openai_api_key is not None else ""
+    name = next((n for n in KEY_VARIABLES["openai"] if n in settings.present), None)
+    if key and name:
+        return key, name
+    return None, "SWITCHBOARD_TEXT_API_KEY (or OPENAI_API_KEY)"
 
 
 # -- helpers -----------------------------------------------------------------------------------------

@@ -73,6 +73,53 @@ MIGRATIONS: tuple[tuple[str, int, str], ...] = ((PACKAGE, 1, """
 """),
     # version 2: the execution ledger — one row per job slot (a named command's dedupe key), claimed
     # before its job starts, so a replayed event never dispatches twice
+    (PACKAGE, 3, """
+    ALTER TABLE transcripts ADD COLUMN memory_status TEXT NOT NULL DEFAULT 'none';
+    ALTER TABLE transcripts ADD COLUMN review TEXT;
+    ALTER TABLE transcripts ADD COLUMN card TEXT;
+    ALTER TABLE listener_jobs ADD COLUMN label TEXT NOT NULL DEFAULT '';
+    ALTER TABLE listener_jobs ADD COLUMN deliver TEXT NOT NULL DEFAULT '';
+    ALTER TABLE listener_jobs ADD COLUMN delivered TEXT;
+    CREATE INDEX listener_jobs_by_job ON listener_jobs (job_id);
+    CREATE TABLE listener_callbacks (
+        id           TEXT    PRIMARY KEY,
+        name         TEXT    NOT NULL,
+        instructions TEXT    NOT NULL,
+        enabled      INTEGER NOT NULL DEFAULT 1,
+        deliver      TEXT    NOT NULL DEFAULT '',
+        revision     INTEGER NOT NULL DEFAULT 1,
+        created_at   REAL    NOT NULL,
+        updated_at   REAL    NOT NULL
+    );
+    CREATE TABLE listener_tokens (
+        token_hash TEXT PRIMARY KEY,
+        job_key    TEXT NOT NULL,
+        expires_at REAL NOT NULL,
+        created_at REAL NOT NULL
+    );
+    CREATE TABLE listener_facts (
+        id                INTEGER PRIMARY KEY AUTOINCREMENT,
+        transcript_id     INTEGER NOT NULL REFERENCES transcripts (id) ON DELETE CASCADE,
+        fact              TEXT    NOT NULL,
+        quote             TEXT    NOT NULL,
+        assertion_turn    INTEGER NOT NULL,
+        speaker           TEXT    NOT NULL,
+        confirmation_turn INTEGER,
+        created_at        REAL    NOT NULL,
+        UNIQUE (transcript_id, fact)
+    );
+    CREATE VIRTUAL TABLE listener_facts_fts USING fts5(
+        fact, content='listener_facts', content_rowid='id', tokenize='unicode61 remove_diacritics 2');
+    CREATE TRIGGER listener_facts_ai AFTER INSERT ON listener_facts BEGIN
+        INSERT INTO listener_facts_fts (rowid, fact) VALUES (new.id, new.fact);
+    END;
+    CREATE TRIGGER listener_facts_ad AFTER DELETE ON listener_facts BEGIN
+        INSERT INTO listener_facts_fts (listener_facts_fts, rowid, fact) VALUES ('delete', old.id, old.fact);
+    END;
+"""),
+    # version 3: what comes after archiving — each call's memory state, review and Discord card; the
+    # ledger names each job and where its result goes; callbacks (the default review is the callback
+    # `default-review`); callback-mutation tokens (hashes only); durable facts with their provenance
 )
 
 

@@ -1,45 +1,80 @@
-"""One Smartnumbers event → download, parse, archive, named commands → its acknowledgement.
+"""One Smartnumbers event → download, parse, archive, memory and jobs, a call card → its ack.
 
-The transcript is archived (committed) before anything is acknowledged or dispatched; a replayed
-event finds the same archived call and the same jobs, so nothing is archived or started twice.
-Named commands are the user speaker's own direct requests ("Ares, add that to my calendar"): each
-becomes one job through the injected `JobStarter`, claimed first in the execution ledger under its
-stable dedupe key. The user speaker comes from the local direction mapping, never from the payload.
+The transcript is archived (committed) before anything is acknowledged or dispatched. After that,
+two things happen side by side: durable-fact memory (one model request, validated in code) and the
+jobs — the review, each enabled callback, each named command — each claimed in the execution
+ledger under a stable key before it starts, so a replayed event finds the same archived call and
+the same jobs and starts nothing twice. A step that failed (a model down, a runs service that
+refused, a card Discord would not take) is retried by the next delivery of the event, and only
+that step. Then the call card is posted once, naming the jobs. Who the user is comes from the
+local direction mapping, never from the payload.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from .archive import Archive
-from .commands import CallCommand, find_commands
+from .callbacks import Callbacks, MutationTokens
+from .commands import find_commands
 from .download import TranscriptDownloadError
+from .extract import ExtractionError, FactExtractor
+from .jobs import Job, JobStarter, callback_job, command_job, review_job
+from .memory import Memory, validate
 from .model import Transcript, user_label_for
 from .transcript import TranscriptError, parse_transcript
 
-
-class JobStarter(Protocol):
-    """Starts a named command as a background run; returns its job id (the service implements it)."""
-
-    async def start_command(self, command: CallCommand, transcript: Transcript) -> str: ...
-
+log = logging.getLogger(__name__)
 
 Download = Callable[[str, str | None], Awaitable[bytes]]
+
+
+@dataclass(frozen=True)
+class CallCard:
+    """What the post for one call says: who called whom, when, how long, what it learned, its jobs."""
+
+    transcript_id: int
+    conversation_id: str
+    direction: str | None
+    from_number: str | None
+    to_number: str | None
+    received_at: float
+    duration_s: float | None
+    turns: int
+    facts: tuple[str, ...]
+    jobs: tuple[tuple[str, str, str], ...]  # (job id, kind, label)
+
+
+class CallNotifier(Protocol):
+    """Posts a call card (Discord, the terminal); returns a reference to keep (e.g. the message) or
+    raises when the post failed (the next delivery of the event posts it again)."""
+
+    async def post_card(self, card: CallCard) -> str | None: ...
 
 
 class TranscriptPipeline:
     def __init__(self, archive: Archive, *, download: Download, jobs: JobStarter | None, agent_name: str,
                  aliases: Sequence[str] = (), inbound_user: str = "TO", outbound_user: str = "FROM",
-                 clock: Callable[[], float] = time.time) -> None:
+                 extractor: FactExtractor | None = None, notifier: CallNotifier | None = None,
+                 auto_review: bool = True, clock: Callable[[], float] = time.time) -> None:
         self.archive = archive
+        self.callbacks = Callbacks(archive.db, clock=clock)
+        self.tokens = MutationTokens(archive.db, clock=clock)
+        self.memory = Memory(archive.db, clock=clock)
         self._download = download
         self._jobs = jobs
         self._agent_name = agent_name
         self._aliases = tuple(aliases)
         self._labels = {"inbound": inbound_user, "outbound": outbound_user}
+        self._extractor = extractor
+        self._notifier = notifier
+        self._auto_review = auto_review
         self._clock = clock
 
     async def handle(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -86,47 +121,120 @@ class TranscriptPipeline:
             else json.dumps(raw)
         archived = await self.archive.archive(transcript, text, received_at=self._clock(), user_label=user_label)
         stages["archive"] = "ok" if archived.created else "already archived"
-        job_ids = await self._commands(transcript, archived.transcript_id, user_label, stages, errors)
+        tid = archived.transcript_id
+        await asyncio.gather(self._remember(transcript, tid, user_label, stages, errors),
+                             self._dispatch_all(transcript, tid, user_label, stages, errors))
+        job_ids = await self.job_ids(tid)
+        await self._card(transcript, tid, stages, errors)
         return ack(job_ids)
 
-    async def _commands(self, transcript: Transcript, transcript_id: int, user_label: str | None,
-                        stages: dict[str, str], errors: list[dict[str, str]]) -> list[str]:
+    async def job_ids(self, transcript_id: int) -> list[str]:
+        rows = await self.archive.db.fetchall(
+            "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL ORDER BY created_at, "
+            "rowid", (transcript_id,))
+        return [row["job_id"] for row in rows]
+
+    # -- memory ------------------------------------------------------------------------------------
+
+    async def _remember(self, transcript: Transcript, tid: int, user_label: str | None, stages: dict[str, str],
+                        errors: list[dict[str, str]]) -> None:
+        row = await self.archive.db.fetchone("SELECT memory_status FROM transcripts WHERE id = ?", (tid,))
+        if row is not None and row["memory_status"] == "done":
+            stages["memory"] = "already done"
+            return
+        if self._extractor is None:
+            stages["memory"] = "skipped (no text model configured)"
+            return
+        if user_label is None:
+            stages["memory"] = "skipped (direction unknown: nobody in the call is the user)"
+            await self.memory.save(tid, ())
+            return
+        try:
+            answer = await self._extractor.extract(transcript, user_label)
+        except ExtractionError as exc:
+            await self.memory.mark(tid, "error")
+            stages["memory"] = "error"
+            errors.append({"stage": "memory", "message": str(exc)[:300]})
+            return
+        checked = validate(answer, transcript, user_label)
+        for rejected in checked.rejected:
+            log.info("call %s: fact not kept (%s)", transcript.conversation_id, rejected.reason)
+        added = await self.memory.save(tid, checked.accepted)
+        stages["memory"] = f"{added} fact{'s' * (added != 1)} kept, {len(checked.rejected)} rejected"
+
+    # -- jobs --------------------------------------------------------------------------------------
+
+    async def _dispatch_all(self, transcript: Transcript, tid: int, user_label: str | None,
+                            stages: dict[str, str], errors: list[dict[str, str]]) -> None:
+        review_started = callbacks_started = 0
+        review_seen = False
+        callbacks_seen = 0
+        row = await self.archive.db.fetchone("SELECT received_at FROM transcripts WHERE id = ?", (tid,))
+        for callback in await self.callbacks.due(auto_review=self._auto_review, received_at=float(row["received_at"])):
+            job = (review_job if callback.is_review else callback_job)(callback, transcript, user_label)
+            outcome = await self._dispatch(job, tid, errors, f"{job.kind} {callback.id}")
+            if callback.is_review:
+                review_seen = True
+                review_started += outcome == "started"
+                if outcome == "started":
+                    await self._review_status(tid, "queued")
+            else:
+                callbacks_seen += 1
+                callbacks_started += outcome == "started"
+        if review_seen:
+            stages["review"] = "error" if any(e["stage"] == "review" for e in errors) else \
+                "started" if review_started else "already started"
+        else:
+            stages["review"] = "off"
+        if callbacks_seen:
+            stages["callbacks"] = "error" if any(e["stage"] == "callback" for e in errors) else \
+                f"{callbacks_seen} due, {callbacks_started} started"
         commands = find_commands(transcript, user_label=user_label, agent_name=self._agent_name,
                                  aliases=self._aliases)
         started = 0
         for command in commands:
-            if not await self._claim(command.dedupe_key, transcript_id):
-                continue  # a replay, or a revised transcript: this address already has its job
-            if self._jobs is None:
-                await self._settle(command.dedupe_key, None, "skipped", "no job runner in this process")
-                continue
-            try:
-                job_id = await self._jobs.start_command(command, transcript)
-            except Exception as exc:  # the claim stays in `error`: a retry of the event may take it again
-                await self._settle(command.dedupe_key, None, "error", f"{type(exc).__name__}: {exc}")
-                errors.append({"stage": "commands", "message": f"turn {command.turn_index}: could not start the "
-                                                              f"command ({type(exc).__name__})"})
-                continue
-            await self._settle(command.dedupe_key, job_id, "started", "")
-            started += 1
-        stages["commands"] = "error" if any(e["stage"] == "commands" for e in errors) else \
+            token = None
+            if self._jobs is not None and not await self._claimed_done(command.dedupe_key):
+                token = await self.tokens.issue(command.dedupe_key)
+            outcome = await self._dispatch(command_job(command, transcript, user_label, token), tid, errors,
+                                           f"turn {command.turn_index + 1}'s command")
+            if outcome != "started" and token is not None:
+                await self.tokens.revoke(command.dedupe_key)
+            started += outcome == "started"
+        stages["commands"] = "error" if any(e["stage"] == "command" for e in errors) else \
             f"{len(commands)} found, {started} started"
-        rows = await self.archive.db.fetchall(
-            "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL ORDER BY created_at, "
-            "dedupe_key", (transcript_id,))
-        return [row["job_id"] for row in rows]
 
-    async def _claim(self, key: str, transcript_id: int) -> bool:
+    async def _dispatch(self, job: Job, tid: int, errors: list[dict[str, str]], what: str) -> str:
+        if not await self._claim(job, tid):
+            return "known"  # a replay, or a revised transcript: this slot already has its job
+        if self._jobs is None:
+            await self._settle(job.key, None, "skipped", "no job runner in this process")
+            return "skipped"
+        try:
+            job_id = await self._jobs.start_job(job)
+        except Exception as exc:  # the claim stays in `error`: a retry of the event may take it again
+            await self._settle(job.key, None, "error", f"{type(exc).__name__}: {exc}")
+            errors.append({"stage": job.kind, "message": f"{what}: could not start it ({exc})"[:300]})
+            return "error"
+        await self._settle(job.key, job_id, "started", "")
+        return "started"
+
+    async def _claimed_done(self, key: str) -> bool:
+        row = await self.archive.db.fetchone("SELECT state FROM listener_jobs WHERE dedupe_key = ?", (key,))
+        return row is not None and row["state"] != "error"
+
+    async def _claim(self, job: Job, tid: int) -> bool:
         """Atomically claim a job slot; an `error` claim may be taken again (a retry)."""
         async with self.archive.db.transaction() as conn:
-            async with conn.execute("SELECT state FROM listener_jobs WHERE dedupe_key = ?", (key,)) as cursor:
+            async with conn.execute("SELECT state FROM listener_jobs WHERE dedupe_key = ?", (job.key,)) as cursor:
                 row = await cursor.fetchone()
             if row is None:
-                await conn.execute("INSERT INTO listener_jobs (dedupe_key, transcript_id, kind, created_at) "
-                                   "VALUES (?, ?, 'command', ?)", (key, transcript_id, self._clock()))
+                await conn.execute("INSERT INTO listener_jobs (dedupe_key, transcript_id, kind, label, deliver, "
+                                   "created_at) VALUES (?, ?, ?, ?, ?, ?)",
+                                   (job.key, tid, job.kind, job.label[:200], job.deliver, self._clock()))
                 return True
             if row[0] == "error":
-                await conn.execute("UPDATE listener_jobs SET state = 'claimed' WHERE dedupe_key = ?", (key,))
+                await conn.execute("UPDATE listener_jobs SET state = 'claimed' WHERE dedupe_key = ?", (job.key,))
                 return True
             return False
 
@@ -134,3 +242,39 @@ class TranscriptPipeline:
         async with self.archive.db.transaction() as conn:
             await conn.execute("UPDATE listener_jobs SET job_id = ?, state = ?, detail = ? WHERE dedupe_key = ?",
                                (job_id, state, detail[:300], key))
+
+    async def _review_status(self, tid: int, status: str) -> None:
+        async with self.archive.db.transaction() as conn:
+            await conn.execute("UPDATE transcripts SET review_status = ? WHERE id = ?", (status, tid))
+
+    # -- the call card -----------------------------------------------------------------------------
+
+    async def _card(self, transcript: Transcript, tid: int, stages: dict[str, str],
+                    errors: list[dict[str, str]]) -> None:
+        if self._notifier is None:
+            return
+        row = await self.archive.db.fetchone("SELECT card, received_at FROM transcripts WHERE id = ?", (tid,))
+        if row is not None and row["card"]:
+            stages["post"] = "already posted"
+            return
+        jobs = await self.archive.db.fetchall(
+            "SELECT job_id, kind, label FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL "
+            "ORDER BY created_at, rowid", (tid,))
+        facts = await self.archive.db.fetchall("SELECT fact FROM listener_facts WHERE transcript_id = ? ORDER BY id",
+                                               (tid,))
+        ends = [t.end_s for t in transcript.turns if t.end_s is not None]
+        starts = [t.start_s for t in transcript.turns if t.start_s is not None]
+        card = CallCard(tid, transcript.conversation_id, transcript.direction, transcript.from_number,
+                        transcript.to_number, float(row["received_at"]) if row else self._clock(),
+                        (max(ends) - min(starts)) if ends and starts else None, len(transcript.turns),
+                        tuple(f["fact"] for f in facts), tuple((j["job_id"], j["kind"], j["label"]) for j in jobs))
+        try:
+            reference = await self._notifier.post_card(card)
+        except Exception as exc:  # the next delivery of the event posts it again
+            log.warning("call %s: the call card was not posted: %s", transcript.conversation_id, exc)
+            stages["post"] = "error"
+            errors.append({"stage": "post", "message": f"the call card was not posted ({exc})"[:300]})
+            return
+        async with self.archive.db.transaction() as conn:
+            await conn.execute("UPDATE transcripts SET card = ? WHERE id = ?", (reference or "posted", tid))
+        stages["post"] = "ok"

@@ -153,9 +153,12 @@ class RunService:
 
     # -- delegate ----------------------------------------------------------------------------------
 
-    async def delegate(self, task: str, requester_id: int | None = None) -> dict[str, Any]:
+    async def delegate(self, task: str, requester_id: int | None = None, *, context: str = "") -> dict[str, Any]:
         """Record a ticket on the first available lane and return at once; the lane is asked in the
-        background. Every lane skipped is named in the answer; none available → a refusal."""
+        background. Every lane skipped is named in the answer; none available → a refusal.
+
+        `context` goes to the agent after the task when the run starts and is never stored or shown
+        (a call's transcript, a short-lived token)."""
         task = (task or "").strip()
         if not task:
             return {"error": "say what the background agent should do"}
@@ -175,7 +178,7 @@ class RunService:
             return {"error": f"no agent lane is available, so nothing was started. {missing}"}
         ticket = await self.repo.create(lane=chosen.name, task=task, requester_id=requester_id, owner=self.owner,
                                         idempotency_key=f"switchboard-{secrets.token_hex(16)}", now=self._clock())
-        self._spawn(self._run(ticket), f"run-{ticket.id}")
+        self._spawn(self._run(ticket, context), f"run-{ticket.id}")
         skipped = [p for p in probes if not p.available]
         summary = f"run {ticket.id} is starting on {chosen.name}"
         if skipped:
@@ -187,10 +190,10 @@ class RunService:
             answer["skipped"] = [p.detail for p in skipped]
         return answer
 
-    async def _run(self, ticket: RunTicket) -> None:
+    async def _run(self, ticket: RunTicket, context: str = "") -> None:
         lane = self.lanes[ticket.lane]
         try:
-            external_id = await lane.start(ticket)
+            external_id = await lane.start(replace(ticket, task=f"{ticket.task}\n\n{context}") if context else ticket)
         except LaneError as exc:
             await self._observe(ticket.id, Finished(RunState.FAILED, error=f"{lane.name} could not start it: {exc}"))
             return

@@ -16,9 +16,10 @@ import discord
 from discord import app_commands
 
 from bot.compose import open_home_store, runs_config, stop_on_signals
+from bot.listener_delivery import ListenerDelivery
 from bot.runs import RunService
 from bot.settings import Settings, SettingsError, realtime_api_key
-from bot.store import StoreError
+from bot.store import Store, StoreError
 from voice.call.identity import build_identity
 from voice.call.providers import ProviderConfigError, make_provider
 
@@ -26,6 +27,7 @@ from .calls import CallManager
 from .commands import RunsGroup, TalkGroup
 from .embeds import OK, WARN, info_embed
 from .gate import OperatorGate
+from .listener_posts import DiscordPoster
 from .notify import ChannelSink
 
 log = logging.getLogger(__name__)
@@ -51,6 +53,7 @@ class SwitchboardBot(discord.Client):
         self.gate = OperatorGate(settings.operator_user_ids)
         self.sink = ChannelSink(self, settings.runs_channel_id)
         self.runs: RunService | None = None
+        self.store: Store | None = None  # set by serve before the gateway opens
         self.calls = CallManager(self, runs=lambda: self._runs(), gate=self.gate, provider=self._provider,
                                  identity=lambda: build_identity(settings.home, settings.identity_include),
                                  deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s)
@@ -161,8 +164,11 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     except StoreError as exc:
         print(f"switchboard run: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    runs = RunService(store, runs_config(settings), sink=bot.sink)
+    poster = DiscordPoster(bot, settings.transcripts_channel_id)
+    runs = RunService(store, runs_config(settings), sink=ListenerDelivery(
+        store, bot.sink, poster, default_channel=settings.transcripts_channel_id))
     bot.runs = runs
+    bot.store = store
     bot.sink.record = lambda run_id, kind, detail: runs.repo.log(run_id, kind, detail, time.time())
     stopping = stopping or asyncio.Event()
     code = EXIT_OK
@@ -170,7 +176,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     try:
         with stop_on_signals(stopping):
             await runs.start()
-            stream = await _start_listener(settings, store, runs)
+            stream = await _start_listener(settings, store, runs, poster)
             token = settings.discord_token.get_secret_value()  # type: ignore[union-attr]
             runner = asyncio.create_task(bot.start(token), name="discord")
             stop_wait = asyncio.create_task(stopping.wait())
@@ -187,9 +193,9 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     return code
 
 
-async def _start_listener(settings: Settings, store, runs: RunService):
+async def _start_listener(settings: Settings, store, runs: RunService, poster: DiscordPoster):
     """The Smartnumbers listener in this process when it is configured; one line says why when not."""
-    from bot.listen import build_stream, listener_problem
+    from bot.listen import Listener, listener_problem
 
     if settings.listener_key is None:
         log.info("Smartnumbers listener off: TRANSCRIPT_LISTENER_API_KEY is not set")
@@ -197,9 +203,9 @@ async def _start_listener(settings: Settings, store, runs: RunService):
     if problem := listener_problem(settings):
         print(f"switchboard run: the Smartnumbers listener does not start: {problem}", file=sys.stderr)
         return None
-    client = build_stream(settings, store, runs)
-    await client.start()
-    return client
+    listener = Listener(settings, store, runs, notifier=poster)
+    await listener.start()
+    return listener
 
 
 def _start_failure(runner: asyncio.Task) -> int:

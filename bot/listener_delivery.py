@@ -1,0 +1,144 @@
+"""Where the listener's runs land: each finished review, callback or named-command run goes to its
+job's deliver target — under the call's card, in another channel, or only the archive and the log.
+
+`ListenerDelivery` is a notification sink in front of the runs service's usual one: a run the
+execution ledger does not know is passed on unchanged. A review's output becomes the call's review
+in the archive. The run's callback-mutation token (a named command's) is revoked when it lands.
+How a result is shown is a `ResultPoster`: Discord embeds in `switchboard run`, the terminal in
+`switchboard listen`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Protocol, TextIO
+
+from listener.callbacks import MutationTokens, deliver_channel
+from listener.pipeline import CallCard
+
+from .runs import NotificationSink, RunState, RunTicket
+from .runs.speech import STATE_WORDS, bounded, elapsed_words
+from .store import Store
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A finished listener run with what it was for."""
+
+    ticket: RunTicket
+    kind: str  # review | callback | command
+    label: str
+    conversation_id: str
+    from_number: str | None
+    to_number: str | None
+    channel_id: int | None  # None: archive and log only
+    card: str | None  # the call card's reference ("channel/message"), when it was posted
+
+
+class ResultPoster(Protocol):
+    async def post_result(self, result: JobResult) -> str:
+        """Show it; return where it went (for the ledger). Raise when the post failed."""
+        ...
+
+
+class ListenerDelivery:
+    def __init__(self, store: Store, fallback: NotificationSink, poster: ResultPoster, *,
+                 default_channel: int | None) -> None:
+        self._store = store
+        self._fallback = fallback
+        self._poster = poster
+        self._default_channel = default_channel
+        self._tokens = MutationTokens(store)
+
+    async def post_run(self, ticket: RunTicket) -> None:
+        row = await self._store.fetchone(
+            "SELECT j.dedupe_key, j.kind, j.label, j.deliver, t.id AS transcript_id, t.conversation_id, "
+            "t.from_number, t.to_number, t.card FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id "
+            "WHERE j.job_id = ?", (f"run-{ticket.id}",))
+        if row is None:
+            await self._fallback.post_run(ticket)
+            return
+        await self._tokens.revoke(row["dedupe_key"])
+        if row["kind"] == "review":
+            done = ticket.state is RunState.COMPLETED
+            async with self._store.transaction() as conn:
+                await conn.execute("UPDATE transcripts SET review = ?, review_status = ? WHERE id = ?",
+                                   (ticket.output if done else ticket.error, "done" if done else "failed",
+                                    row["transcript_id"]))
+        result = JobResult(ticket, row["kind"], row["label"], row["conversation_id"], row["from_number"],
+                           row["to_number"], deliver_channel(row["deliver"], self._default_channel), row["card"])
+        try:
+            where = await self._poster.post_result(result)
+        except Exception as exc:  # kept in the ledger; the run and the archive are untouched
+            log.warning("run %s (%s for call %s) was not posted: %s", ticket.id, row["kind"], row["conversation_id"],
+                        exc)
+            where = f"post failed: {str(exc)[:200]}"
+        async with self._store.transaction() as conn:
+            await conn.execute("UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ?",
+                               (where, row["dedupe_key"]))
+
+
+KIND_WORDS = {"review": "review", "callback": "callback", "command": "call command"}
+
+
+class TerminalPoster:
+    """`switchboard listen`: cards and results printed (and logged); nothing goes to Discord."""
+
+    def __init__(self, stream: TextIO | None = None, output_chars: int = 2000) -> None:
+        self._stream = stream
+        self._output_chars = output_chars
+
+    async def post_card(self, card: CallCard) -> str | None:
+        out = self._stream or sys.stderr
+        print(f"\n── {card_title(card)}: {card_summary(card)}", file=out)
+        for fact in card.facts:
+            print(f"   learned: {fact}", file=out)
+        for job_id, kind, label in card.jobs:
+            print(f"   {job_id}: {KIND_WORDS.get(kind, kind)} \u201c{bounded(label, 80)}\u201d", file=out)
+        out.flush()
+        return None
+
+    async def post_result(self, result: JobResult) -> str:
+        out = self._stream or sys.stderr
+        ticket = result.ticket
+        took = elapsed_words(ticket.elapsed(ticket.finished_at or ticket.updated_at))
+        print(f"\n── {KIND_WORDS.get(result.kind, result.kind)} \u201c{bounded(result.label, 60)}\u201d for call "
+              f"{result.conversation_id} {STATE_WORDS[ticket.state]} after {took} (run {ticket.id})", file=out)
+        if result.channel_id is not None:
+            print(f"   (meant for Discord channel {result.channel_id}; `switchboard run` posts there)", file=out)
+        body = ticket.output or ticket.error or ""
+        if body:
+            print(body if len(body) <= self._output_chars else
+                  body[: self._output_chars] + f"\n   … (`switchboard runs show {ticket.id}` has the rest)", file=out)
+        out.flush()
+        return "terminal"
+
+
+def card_title(card: CallCard) -> str:
+    arrow = {"inbound": "Call from", "outbound": "Call to"}.get(card.direction or "")
+    other = card.from_number if card.direction == "inbound" else card.to_number
+    return f"{arrow} {other or 'an unknown number'}" if arrow else f"Call {card.from_number or '?'} \u2192 " \
+        f"{card.to_number or '?'}"
+
+
+def card_summary(card: CallCard) -> str:
+    length = f"{elapsed_words(card.duration_s)}, " if card.duration_s else ""
+    return (f"{card.from_number or '?'} \u2192 {card.to_number or '?'}, {card.direction or 'direction unknown'}, "
+            f"{length}{card.turns} turns, {len(card.jobs)} job{'s' * (len(card.jobs) != 1)}")
+
+
+def card_reference(channel_id: int, message_id: int) -> str:
+    return json.dumps({"channel": channel_id, "message": message_id})
+
+
+def parse_reference(reference: str | None) -> tuple[int, int] | None:
+    try:
+        value = json.loads(reference or "")
+        return int(value["channel"]), int(value["message"])
+    except (ValueError, KeyError, TypeError):
+        return None
