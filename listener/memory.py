@@ -245,7 +245,7 @@ class Memory:
                 break
             lines.append(line)
             size += len(line) + 1
-        return head + "\n" + "\n".join(lines)
+        return head + "\n" + "\n".join(lines) if lines else ""
 
 
 def _fact(row: Any) -> dict[str, Any]:

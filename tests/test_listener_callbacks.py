@@ -1,0 +1,112 @@
+"""Callbacks on a real SQLite file: every change validated when saved (nothing saved on a refusal),
+revisions, the default review, deliver targets, and the short-lived mutation tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from bot.compose import LISTENER_MIGRATIONS
+from bot.store import open_store
+from listener.callbacks import REVIEW_ID, CallbackError, Callbacks, MutationTokens, check_deliver, deliver_channel
+
+CHANNEL = "123456789012345678"
+
+
+@pytest.fixture
+async def store(tmp_path):
+    store = await open_store(tmp_path, LISTENER_MIGRATIONS)
+    yield store
+    await store.close()
+
+
+@pytest.mark.parametrize("value,expected", [
+    (None, ""), ("", ""), ("default", ""), ("local", "local"), ("LOCAL", "local"),
+    (f"discord:{CHANNEL}", f"discord:{CHANNEL}"), (f" discord: {CHANNEL} ", f"discord:{CHANNEL}"),
+])
+def test_deliver_targets_that_are_accepted(value, expected):
+    assert check_deliver(value) == expected
+
+
+@pytest.mark.parametrize("value,says", [
+    ("discord:123", "not a Discord channel"), ("discord:", "not a Discord channel"),
+    ("discord:0123456789012345678", "not a Discord channel"), ("telegram", "not one Switchboard knows"),
+    ("all", "not one Switchboard knows"), ("local:123", "not one Switchboard knows"),
+])
+def test_deliver_targets_that_are_refused_say_what_is_accepted(value, says):
+    with pytest.raises(CallbackError, match=says):
+        check_deliver(value)
+
+
+def test_where_a_result_goes():
+    assert deliver_channel("", 42) == 42 and deliver_channel("", None) is None
+    assert deliver_channel("local", 42) is None and deliver_channel(f"discord:{CHANNEL}", 42) == int(CHANNEL)
+
+
+async def test_register_update_enable_disable_remove_and_list(store):
+    callbacks = Callbacks(store, clock=lambda: 5.0)
+    made = await callbacks.register("Calendar", "Calendar", "Add events I agree to attend to my calendar.")
+    assert (made.id, made.revision, made.enabled, made.deliver) == ("calendar", 1, True, "")
+    changed = await callbacks.update("calendar", deliver=f"discord:{CHANNEL}")
+    assert changed.revision == 2 and changed.deliver == f"discord:{CHANNEL}"
+    assert (await callbacks.update("calendar", deliver="")).deliver == ""  # cleared back to the default
+    assert (await callbacks.set_enabled("calendar", False)).enabled is False
+    assert [c.id for c in await callbacks.list()] == ["calendar"]
+    assert await callbacks.due(auto_review=True, received_at=10.0) == []  # disabled
+    await callbacks.set_enabled("calendar", True)
+    assert [c.id for c in await callbacks.due(auto_review=True, received_at=10.0)] == ["calendar"]
+    assert await callbacks.due(auto_review=True, received_at=1.0) == []  # the call came before it existed
+    await callbacks.remove("calendar")
+    assert await callbacks.list() == []
+
+
+@pytest.mark.parametrize("change,says", [
+    (lambda c: c.register("calendar", "Again", "x"), "exists already"),
+    (lambda c: c.register("Bad Id!", "Name", "x"), "not valid"),
+    (lambda c: c.register("other", "", "x"), "needs a name"),
+    (lambda c: c.register("other", "Name", "   "), "needs instructions"),
+    (lambda c: c.register("other", "Name", "x" * 5000), "keep it under"),
+    (lambda c: c.register("other", "Name", "x", deliver="telegram"), "not one Switchboard knows"),
+    (lambda c: c.update("calendar", deliver="discord:12"), "not a Discord channel"),
+    (lambda c: c.update("missing", name="x"), "there is no callback"),
+    (lambda c: c.register(REVIEW_ID, "Review", "x"), "transcript_review_config"),
+])
+async def test_a_refused_change_saves_nothing(store, change, says):
+    callbacks = Callbacks(store)
+    await callbacks.register("calendar", "Calendar", "Add events.")
+    before = await callbacks.list()
+    with pytest.raises(CallbackError, match=says):
+        await change(callbacks)
+    assert await callbacks.list() == before
+
+
+async def test_the_default_review_is_shown_set_and_cleared(store):
+    callbacks = Callbacks(store)
+    assert await callbacks.review() is None
+    review = await callbacks.set_review("Summarise the call; list follow-ups.", deliver="local")
+    assert review.is_review and review.deliver == "local" and review.enabled
+    again = await callbacks.set_review("Summarise it in two lines.")
+    assert again.revision == 2 and again.deliver == "local"  # deliver kept when not given
+    await callbacks.register("crm", "CRM", "Log the caller.")
+    assert [c.id for c in await callbacks.due(auto_review=True, received_at=1e12)] == [REVIEW_ID, "crm"]
+    assert [c.id for c in await callbacks.due(auto_review=False, received_at=1e12)] == ["crm"]
+    with pytest.raises(CallbackError, match="review"):
+        await callbacks.update(REVIEW_ID, name="x")
+    assert await callbacks.clear_review() is True and await callbacks.review() is None
+    assert await callbacks.clear_review() is False
+
+
+async def test_tokens_are_hashed_expire_and_are_revoked(store):
+    now = [100.0]
+    tokens = MutationTokens(store, clock=lambda: now[0], ttl_s=60)
+    token = await tokens.issue('["call_1","index",0,0]')
+    assert token.startswith("sbt_") and await tokens.valid(token)
+    rows = await store.fetchall("SELECT token_hash FROM listener_tokens")
+    assert len(rows) == 1 and token not in rows[0]["token_hash"]  # only the hash is stored
+    for forged in (None, "", "sbt_", token[:-1], token + "A", "x" * 200, 42):
+        assert not await tokens.valid(forged)
+    now[0] = 161.0
+    assert not await tokens.valid(token)  # expired
+    now[0] = 100.0
+    assert await tokens.valid(token)
+    await tokens.revoke('["call_1","index",0,0]')
+    assert not await tokens.valid(token)
