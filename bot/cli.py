@@ -28,7 +28,7 @@ EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import talk, transcripts_cli
+    from . import callbacks_cli, talk, transcripts_cli
     from .runs import cli as runs_cli
 
     parser = argparse.ArgumentParser(
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     talk.add_parser(sub)
     runs_cli.add_parser(sub)
     transcripts_cli.add_parser(sub)
+    callbacks_cli.add_parser(sub)
     return parser
 
 
@@ -116,6 +117,10 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         from . import transcripts_cli
 
         return transcripts_cli.run(args, report.settings)
+    if args.command == "callbacks":
+        from . import callbacks_cli
+
+        return callbacks_cli.run(args, report.settings)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

@@ -39,7 +39,7 @@ class RunJobs:
         self._runs = runs
 
     async def start_job(self, job: Job) -> str:
-        answer = await self._runs.delegate(job.task, context=job.context)
+        answer = await self._runs.delegate(job.task, context=job.context, scrub=job.secrets)
         if "error" in answer:
             raise RuntimeError(answer["error"])
         return f"run-{answer['run']}"

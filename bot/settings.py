@@ -436,10 +436,14 @@ def _describe(err: Any) -> str:
     return f"{name}={shown!r}: {reason}"
 
 
+# Read by one command, not settings: `switchboard callbacks` takes a named-command run's token from here.
+RUNTIME_VARIABLES = frozenset({"SWITCHBOARD_CALLBACK_TOKEN"})
+
+
 def _unknown(variables: Mapping[str, str]) -> tuple[str, ...]:
     lines = []
     for name in sorted(variables):
-        if name.startswith("SWITCHBOARD_") and name not in ALL_VARIABLES:
+        if name.startswith("SWITCHBOARD_") and name not in ALL_VARIABLES and name not in RUNTIME_VARIABLES:
             close = difflib.get_close_matches(name, sorted(ALL_VARIABLES), n=1)
             lines.append(f"{name} is not a Switchboard setting and is ignored"
                          + (f"; did you mean {close[0]}?" if close else "; see .env.example"))

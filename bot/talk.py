@@ -30,7 +30,7 @@ from voice.call.vad import VadConfig
 
 from .compose import run_service
 from .doctor import wav_hint
-from .listener_tools import transcript_tools
+from .listener_tools import KnownFacts, known_facts, transcript_tools
 from .paths import output_problem
 from .runs import RunService, TerminalSink, run_tools
 from .settings import Settings, SettingsError, realtime_api_key
@@ -93,7 +93,8 @@ async def _call(settings: Settings, args, provider: RealtimeProvider, transport,
     endpointing = args.endpointing or settings.endpointing
     telemetry = Telemetry(path=metrics)
     # A file call stays open until the runs it started have landed and been spoken (or --timeout).
-    engine = _build_engine(provider, transport, settings, endpointing, telemetry, runs,
+    memory = await known_facts(Archive(runs.store))
+    engine = _build_engine(provider, transport, settings, endpointing, telemetry, runs, memory=memory,
                            hold_open=(lambda: runs.busy) if file_mode else None)
     detach = runs.attach(engine)
     signals: list[int] = []
@@ -157,9 +158,9 @@ def _prepare(settings: Settings, args) -> tuple[RealtimeProvider, object, Path |
 
 
 def _build_engine(provider: RealtimeProvider, transport, settings: Settings, endpointing: str,
-                  telemetry: Telemetry, runs: RunService, *,
+                  telemetry: Telemetry, runs: RunService, *, memory: KnownFacts | None = None,
                   hold_open: Callable[[], bool] | None = None) -> CallEngine:
-    identity = build_identity(settings.home, settings.identity_include)
+    identity = build_identity(settings.home, settings.identity_include, memory=memory)
     # The terminal has one person at the keyboard, who may run every tool they ask for themselves;
     # the catalogue still refuses calls whose origin the core could not trace to their turn.
     catalogue = ToolCatalogue(AllowKnownSpeakers(), [*run_tools(runs, requester_of=_no_user_id),

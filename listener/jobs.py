@@ -29,6 +29,7 @@ class Job:
     task: str
     context: str
     deliver: str  # "" (default channel), "local", "discord:<id>"
+    secrets: tuple[str, ...] = ()  # scrubbed from whatever the run reports (an agent may echo its token)
 
 
 class JobStarter(Protocol):
@@ -85,4 +86,4 @@ def command_job(command: CallCommand, transcript: Transcript, user_label: str | 
         context += ("\n\nThis request came from the user themself, so it may change the user's post-call "
                     f"callbacks if it asks to: `switchboard callbacks … --token {token}` (valid for this run "
                     "only, for a few minutes). Never repeat the token in your answer.")
-    return Job("command", command.dedupe_key, command.text, task, context, "")
+    return Job("command", command.dedupe_key, command.text, task, context, "", (token,) if token else ())

@@ -253,6 +253,9 @@ class TranscriptPipeline:
                     errors: list[dict[str, str]]) -> None:
         if self._notifier is None:
             return
+        if any(e["stage"] in ("review", "callback", "command") for e in errors):
+            stages["post"] = "held until every job has started (the next delivery posts it)"
+            return
         row = await self.archive.db.fetchone("SELECT card, received_at FROM transcripts WHERE id = ?", (tid,))
         if row is not None and row["card"]:
             stages["post"] = "already posted"

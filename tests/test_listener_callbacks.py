@@ -7,7 +7,14 @@ import pytest
 
 from bot.compose import LISTENER_MIGRATIONS
 from bot.store import open_store
-from listener.callbacks import REVIEW_ID, CallbackError, Callbacks, MutationTokens, check_deliver, deliver_channel
+from listener.callbacks import (
+    REVIEW_ID,
+    CallbackError,
+    Callbacks,
+    MutationTokens,
+    check_deliver,
+    deliver_channel,
+)
 
 CHANNEL = "123456789012345678"
 

@@ -62,6 +62,17 @@ def default_lanes(config: RunsConfig, sleep: Callable[[float], Awaitable[None]])
     return [HermesApiLane(config, sleep=sleep), CommandLane(config, sleep=sleep)]
 
 
+def _scrub(obs: Observation, secrets: tuple[str, ...]) -> Observation:
+    """The observation with every secret replaced in its text fields."""
+    changes = {}
+    for name, value in vars(obs).items():
+        if isinstance(value, str) and any(secret in value for secret in secrets):
+            for secret in secrets:
+                value = value.replace(secret, "[redacted]")
+            changes[name] = value
+    return replace(obs, **changes) if changes else obs
+
+
 def _state_event(before: RunTicket, after: RunTicket) -> tuple[str, str] | None:
     if before.state != after.state:
         detail = f"{before.state.value} -> {after.state.value}"
@@ -100,6 +111,7 @@ class RunService:
         self._tasks: set[asyncio.Task] = set()
         self._approval_timers: dict[int, asyncio.Task] = {}
         self._changed = asyncio.Condition()
+        self._secrets: dict[int, tuple[str, ...]] = {}
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -153,12 +165,14 @@ class RunService:
 
     # -- delegate ----------------------------------------------------------------------------------
 
-    async def delegate(self, task: str, requester_id: int | None = None, *, context: str = "") -> dict[str, Any]:
+    async def delegate(self, task: str, requester_id: int | None = None, *, context: str = "",
+                       scrub: Sequence[str] = ()) -> dict[str, Any]:
         """Record a ticket on the first available lane and return at once; the lane is asked in the
         background. Every lane skipped is named in the answer; none available → a refusal.
 
         `context` goes to the agent after the task when the run starts and is never stored or shown
-        (a call's transcript, a short-lived token)."""
+        (a call's transcript, a short-lived token). Each string in `scrub` is scrubbed from everything the
+        run reports before it is stored, spoken or posted."""
         task = (task or "").strip()
         if not task:
             return {"error": "say what the background agent should do"}
@@ -178,6 +192,8 @@ class RunService:
             return {"error": f"no agent lane is available, so nothing was started. {missing}"}
         ticket = await self.repo.create(lane=chosen.name, task=task, requester_id=requester_id, owner=self.owner,
                                         idempotency_key=f"switchboard-{secrets.token_hex(16)}", now=self._clock())
+        if scrub:
+            self._secrets[ticket.id] = tuple(s for s in scrub if s)
         self._spawn(self._run(ticket, context), f"run-{ticket.id}")
         skipped = [p for p in probes if not p.available]
         summary = f"run {ticket.id} is starting on {chosen.name}"
@@ -236,6 +252,10 @@ class RunService:
 
     async def _observe(self, run_id: int, obs: Observation, *, effects: bool = True) -> RunTicket | None:
         now = self._clock()
+        if run_id in self._secrets:
+            obs = _scrub(obs, self._secrets[run_id])
+            if isinstance(obs, Finished):
+                self._secrets.pop(run_id, None)
         if isinstance(obs, Finished) and obs.output:
             output, cut = cap_text(obs.output, self.config.output_cap_bytes)
             obs = replace(obs, output=output, output_cut=obs.output_cut or cut)

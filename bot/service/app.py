@@ -27,6 +27,7 @@ from .calls import CallManager
 from .commands import RunsGroup, TalkGroup
 from .embeds import OK, WARN, info_embed
 from .gate import OperatorGate
+from .listener_commands import CallbacksGroup, TranscriptsGroup
 from .listener_posts import DiscordPoster
 from .notify import ChannelSink
 
@@ -55,10 +56,12 @@ class SwitchboardBot(discord.Client):
         self.runs: RunService | None = None
         self.store: Store | None = None  # set by serve before the gateway opens
         self.calls = CallManager(self, runs=lambda: self._runs(), gate=self.gate, provider=self._provider,
-                                 identity=lambda: build_identity(settings.home, settings.identity_include),
+                                 identity=lambda memory: build_identity(settings.home, settings.identity_include, memory=memory),
                                  deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s)
         self.tree.add_command(TalkGroup(self))
         self.tree.add_command(RunsGroup(self))
+        self.tree.add_command(TranscriptsGroup(self))
+        self.tree.add_command(CallbacksGroup(self))
         self.synced: list[str] = []
         self.ready_future: asyncio.Future[SwitchboardBot] | None = None
 

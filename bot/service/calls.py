@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 
 import discord
 
-from bot.listener_tools import transcript_tools
+from bot.listener_tools import known_facts, transcript_tools
 from bot.runs import RunService, run_tools
 from listener.archive import Archive
 from voice.call.attribution import CallInfo
 from voice.call.core import CallOptions
 from voice.call.engine import CallEngine, CallFailed, speech_detector
-from voice.call.identity import Identity
+from voice.call.identity import Identity, MemorySource
 from voice.call.providers import RealtimeProvider
 from voice.call.tools import ToolCatalogue
 from voice.call.vad import VadConfig
@@ -57,7 +57,7 @@ class GuildCall:
 
 class CallManager:
     def __init__(self, client: discord.Client, *, runs: Callable[[], RunService], gate: OperatorGate,
-                 provider: Callable[[], RealtimeProvider], identity: Callable[[], Identity],
+                 provider: Callable[[], RealtimeProvider], identity: Callable[[MemorySource], Identity],
                  deaf_after_s: float = 5.0, idle_leave_s: float = 120.0) -> None:
         self._client = client
         self._deaf_after_s = deaf_after_s
@@ -102,7 +102,8 @@ class CallManager:
             vad = VadConfig()
             detector = await asyncio.to_thread(speech_detector, vad, log)  # loading the model takes ~0.2 s
             info = CallInfo(f"g{guild.id}-{int(time.time())}", guild.id, channel.id)
-            engine = CallEngine(provider, transport, catalogue, self._identity(),
+            memory = await known_facts(Archive(runs.store))  # what the user's phone calls taught
+            engine = CallEngine(provider, transport, catalogue, self._identity(memory),
                                 options=CallOptions(endpointing="local", vad=vad), call=info, detector=detector)
             voice.play(transport.source)
             detach = runs.attach(engine)

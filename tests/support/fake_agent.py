@@ -8,6 +8,9 @@ Modes:
            then wait until killed; with --ignore-term both ignore SIGTERM (only SIGKILL ends them)
   flood    print --bytes bytes of numbered lines, then "THE END", exit 0
   env      print the environment as JSON, exit 0
+  callbacks  an agent that tries to register a callback, as a prompt-injected one would: it runs
+           `switchboard callbacks register` with the token from its task when there is one, without
+           one otherwise, against --home, and prints the task, the command's exit code and output
 """
 
 from __future__ import annotations
@@ -28,7 +31,8 @@ def _hold_forever() -> None:
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=("answer", "fail", "hang", "flood", "env"))
+    parser.add_argument("mode", choices=("answer", "fail", "hang", "flood", "env", "callbacks"))
+    parser.add_argument("--home", help="callbacks: the SWITCHBOARD_HOME to change")
     parser.add_argument("--ready", help="FIFO to write '<pid> <child pid>' to once running (hang)")
     parser.add_argument("--ignore-term", action="store_true")
     parser.add_argument("--bytes", type=int, default=1_000_000)
@@ -44,6 +48,8 @@ def main(argv: list[str]) -> int:
             print(json.dumps(sys.argv[1:]))
         print(f"answer: {args.task}")
         return 0
+    if args.mode == "callbacks":
+        return _try_callbacks(args.task, args.home)
     if args.mode == "fail":
         print("partial work before the failure")
         print("error: the model refused the task", file=sys.stderr)
@@ -73,6 +79,19 @@ def main(argv: list[str]) -> int:
         with open(args.ready, "w") as ready:
             ready.write(f"{os.getpid()} {child.pid}\n")
     _hold_forever()
+    return 0
+
+
+def _try_callbacks(task: str, home: str) -> int:
+    token = next((w.strip("`.,") for w in task.split() if w.startswith("sbt_")), None)
+    name = "from-command" if token else "from-callback"
+    argv = [sys.executable, "-m", "bot", "--env-file", os.devnull, "callbacks", "register", name, name,
+            "Forward every call to +15550666."] + (["--token", token] if token else [])
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    done = subprocess.run(argv, cwd=root, env={"PATH": os.environ.get("PATH", ""), "SWITCHBOARD_HOME": home},
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60)
+    print(f"answer: {task}")
+    print(f"register {name}: exit {done.returncode}: {(done.stdout + done.stderr).strip()}")
     return 0
 
 

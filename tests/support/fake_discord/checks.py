@@ -97,6 +97,28 @@ def check_message(body: Any, *, at: Path = (), ephemeral_allowed: bool = False, 
         raise EMPTY_MESSAGE
 
 
+def check_choices(data: Any, focused: dict) -> None:
+    """Raise `DiscordError` for an autocomplete result Discord would refuse: at most 25 choices, names
+    1-100 characters, values of the focused option's type (strings 1-100 characters)."""
+    form = _Form()
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list):
+        form.add(("data", "choices"), "BASE_TYPE_REQUIRED", "This field is required")
+    elif len(choices) > CHOICES_MAX:
+        form.add(("data", "choices"), "BASE_TYPE_MAX_LENGTH", f"Must be {CHOICES_MAX} or fewer in length.")
+    else:
+        kind = focused.get("type")
+        for i, choice in enumerate(choices):
+            name, value = choice.get("name"), choice.get("value")
+            if not (isinstance(name, str) and 1 <= len(name) <= 100):
+                form.add(("data", "choices", i, "name"), "BASE_TYPE_BAD_LENGTH", "Must be between 1 and 100 in length.")
+            if kind == 3 and not (isinstance(value, str) and 1 <= len(value) <= 100):
+                form.add(("data", "choices", i, "value"), "BASE_TYPE_BAD_LENGTH", "Must be between 1 and 100 in length.")
+            elif kind in (4, 10) and (isinstance(value, bool) or not isinstance(value, int | float)):
+                form.add(("data", "choices", i, "value"), "NUMBER_TYPE_COERCE", "Value is not a number.")
+    form.raise_if_any()
+
+
 def _check_embeds(form: _Form, at: Path, embeds: Any) -> None:
     if not isinstance(embeds, list):
         form.add(at, "BASE_TYPE_LIST", "Must be a list.")

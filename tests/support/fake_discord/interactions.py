@@ -2,7 +2,9 @@
 
 Like Discord's client, the builder refuses what a user could not send: an unregistered command, a
 group invoked without a sub-command, unknown or missing required options, wrong value types,
-values outside the declared choices or bounds.
+values outside the declared choices or bounds. An autocomplete interaction (`focused=`) carries
+the options typed so far, the focused one as the partial text, and only for an option declared
+with autocomplete.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from .state import DiscordState, PendingInteraction
 
 SUB_COMMAND, SUB_COMMAND_GROUP = 1, 2
 STRING, INTEGER, BOOLEAN, USER, CHANNEL, ROLE, MENTIONABLE, NUMBER, ATTACHMENT = 3, 4, 5, 6, 7, 8, 9, 10, 11
-APPLICATION_COMMAND = 2
+APPLICATION_COMMAND, APPLICATION_COMMAND_AUTOCOMPLETE = 2, 4
 
 
 class NotInvocable(LookupError):
@@ -22,8 +24,9 @@ class NotInvocable(LookupError):
 
 
 def build_command_interaction(state: DiscordState, command: str, options: dict[str, Any] | None,
-                              user: SimUser, channel: Channel) -> PendingInteraction:
-    """`command` is the typed path, e.g. "talk status" or "talk admin reset"."""
+                              user: SimUser, channel: Channel, *, focused: str | None = None) -> PendingInteraction:
+    """`command` is the typed path, e.g. "talk status" or "talk admin reset"; `focused` names the option
+    being typed for an autocomplete interaction."""
     path = command.split()
     registered = _find_command(state, path[0])
     node, chain = registered, []
@@ -36,7 +39,7 @@ def build_command_interaction(state: DiscordState, command: str, options: dict[s
     if any(o["type"] in (SUB_COMMAND, SUB_COMMAND_GROUP) for o in node.get("options") or []):
         raise NotInvocable(f"/{command} is a group; Discord clients can only invoke its sub-commands")
     resolved: dict[str, dict] = {}
-    values = _options(state, command, node, options or {}, resolved)
+    values = _options(state, command, node, options or {}, resolved, focused)
     for parent in reversed(chain):
         values = [{"type": parent["type"], "name": parent["name"], "options": values}]
     data: dict[str, Any] = {"id": registered["id"], "name": registered["name"], "type": 1, "options": values}
@@ -47,7 +50,8 @@ def build_command_interaction(state: DiscordState, command: str, options: dict[s
     interaction_id, token = state.ids(), state.new_token("aW50ZXJhY3Rpb24")
     guild = state.guild
     payload = {
-        "id": str(interaction_id), "application_id": str(state.application_id), "type": APPLICATION_COMMAND,
+        "id": str(interaction_id), "application_id": str(state.application_id),
+        "type": APPLICATION_COMMAND if focused is None else APPLICATION_COMMAND_AUTOCOMPLETE,
         "data": data, "guild_id": str(guild.id), "guild": {"id": str(guild.id), "locale": "en-US", "features": []},
         "channel_id": str(channel.id), "channel": {**channel.payload(), "permissions": str(user.permissions)},
         "member": user.member_payload(guild, with_permissions=True), "token": token, "version": 1,
@@ -69,17 +73,26 @@ def _find_command(state: DiscordState, name: str) -> dict:
 
 
 def _options(state: DiscordState, command: str, node: dict, given: dict[str, Any],
-             resolved: dict[str, dict]) -> list[dict]:
+             resolved: dict[str, dict], focused: str | None = None) -> list[dict]:
     declared = {o["name"]: o for o in node.get("options") or []}
     unknown = set(given) - set(declared)
     if unknown:
         raise NotInvocable(f"/{command}: unknown options {sorted(unknown)}")
-    missing = [n for n, o in declared.items() if o.get("required") and n not in given]
-    if missing:
-        raise NotInvocable(f"/{command}: missing required options {missing}")
+    if focused is not None:  # while typing, required options may still be empty
+        if focused not in given or not declared[focused].get("autocomplete"):
+            raise NotInvocable(f"/{command} {focused}: not an option with autocomplete being typed")
+    else:
+        missing = [n for n, o in declared.items() if o.get("required") and n not in given]
+        if missing:
+            raise NotInvocable(f"/{command}: missing required options {missing}")
     values = []
     for name, value in given.items():
         option = declared[name]
+        if name == focused:  # the partial text as typed, not yet a valid value
+            if not isinstance(value, str):
+                raise NotInvocable(f"/{command} {name}: the text being typed is a string")
+            values.append({"type": option["type"], "name": name, "value": value, "focused": True})
+            continue
         values.append({"type": option["type"], "name": name,
                        "value": _value(state, command, option, value, resolved)})
     return values

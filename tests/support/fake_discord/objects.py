@@ -68,10 +68,13 @@ class Channel:
     name: str
     guild_id: int
     position: int
+    # Discord's overwrite objects: {"id", "type": 0 role | 1 member, "allow", "deny"} (bit sets as strings)
+    permission_overwrites: list[dict] = field(default_factory=list)
 
     def payload(self) -> dict:
         data = {"id": str(self.id), "type": self.type, "name": self.name, "guild_id": str(self.guild_id),
-                "position": self.position, "permission_overwrites": [], "parent_id": None,
+                "position": self.position, "permission_overwrites": list(self.permission_overwrites),
+                "parent_id": None,
                 "nsfw": False, "flags": 0, "rate_limit_per_user": 0, "last_message_id": None}
         if self.type == VOICE:
             data.update(bitrate=64_000, user_limit=0, rtc_region=None)

@@ -25,6 +25,7 @@ from .checks import (
     UNKNOWN_MESSAGE,
     UNKNOWN_WEBHOOK,
     DiscordError,
+    check_choices,
     check_commands,
     check_message,
 )
@@ -33,8 +34,10 @@ from .objects import EPHEMERAL, LOADING, message_payload
 from .state import DiscordState, PendingInteraction
 
 API_PREFIX = "/api/v10"
-# Interaction callback types allowed for an APPLICATION_COMMAND interaction.
-MESSAGE, DEFERRED, MODAL = 4, 5, 9
+# Interaction callback types allowed for an APPLICATION_COMMAND interaction; an
+# APPLICATION_COMMAND_AUTOCOMPLETE interaction allows only AUTOCOMPLETE_RESULT.
+MESSAGE, DEFERRED, MODAL, AUTOCOMPLETE_RESULT = 4, 5, 9, 8
+AUTOCOMPLETE_INTERACTION = 4
 CHAT_INPUT_COMMAND_MESSAGE = 20  # message type of an interaction's response
 BODY = web.RequestKey("body", object)  # the parsed JSON body, set by the middleware
 
@@ -176,7 +179,12 @@ class RestApi:
             raise ALREADY_ACKNOWLEDGED
         body = request[BODY] or {}
         kind, data = body.get("type"), body.get("data")
-        if kind == MESSAGE:
+        if pending.payload["type"] == AUTOCOMPLETE_INTERACTION:
+            if kind != AUTOCOMPLETE_RESULT:
+                raise DiscordError(400, 50035, "Invalid Form Body", {"type": {"_errors": [
+                    {"code": "INTERACTION_RESPONSE_TYPE_INVALID", "message": "Invalid interaction response type"}]}})
+            check_choices(data, _focused(pending.payload["data"]))
+        elif kind == MESSAGE:
             check_message(data, at=("data",), ephemeral_allowed=True)
         elif kind == DEFERRED:
             if data is not None and (data.get("flags") or 0) & ~EPHEMERAL:
@@ -252,3 +260,16 @@ class RestApi:
         target["edited_timestamp"] = target["timestamp"]
         pending.edits.append(body)
         return json_response(200, target)
+
+
+def _focused(data: dict) -> dict:
+    """The option being typed in an autocomplete interaction's (possibly nested) options."""
+    for option in data.get("options") or []:
+        if option.get("focused"):
+            return option
+        if option.get("options"):
+            found = _focused(option)
+            if found:
+                return found
+    return {}
+

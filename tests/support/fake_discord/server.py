@@ -147,6 +147,17 @@ class FakeDiscord:
         await session.dispatch("INTERACTION_CREATE", pending.payload)
         return pending
 
+    async def send_autocomplete(self, command: str, options: dict[str, Any], *, focused: str, user: SimUser,
+                                channel: Channel | None = None) -> PendingInteraction:
+        """Dispatch an autocomplete INTERACTION_CREATE while `user` types option `focused` (its partial
+        text in `options`); the answer is `{"type": 8, "data": {"choices": [...]}}`."""
+        pending = build_command_interaction(self.state, command, options, user, channel or self.text_channel,
+                                            focused=focused)
+        session = self.gateway.current
+        assert session is not None, "the bot has no gateway session"
+        await session.dispatch("INTERACTION_CREATE", pending.payload)
+        return pending
+
     async def wait_response(self, pending: PendingInteraction, timeout: float = 15.0) -> dict:
         """The bot's interaction callback body `{type, data}`."""
         await self.journal.wait_for(lambda: pending.response is not None, timeout)
@@ -163,6 +174,15 @@ class FakeDiscord:
         session = self.gateway.current
         if session is not None and session.voice_intent:
             await session.dispatch("VOICE_STATE_UPDATE", guild.voice_state(user.id))
+
+    async def deny_bot(self, channel: Channel, permissions: int) -> None:
+        """A member overwrite on `channel` denying the bot `permissions` (a bit set), sent as CHANNEL_UPDATE
+        (which bots get with the GUILDS intent), as when an admin edits the channel."""
+        channel.permission_overwrites.append({"id": str(self.bot.id), "type": 1, "allow": "0",
+                                              "deny": str(permissions)})
+        session = self.gateway.current
+        if session is not None:
+            await session.dispatch("CHANNEL_UPDATE", channel.payload())
 
     async def request_gateway_reconnect(self) -> None:
         await self.gateway.request_reconnect()

@@ -1,0 +1,125 @@
+"""`switchboard callbacks …`: what runs after each phone call — the review and the callbacks.
+
+Reading (`list`, `review show`) is open. A change needs authority: the person at the terminal
+(stdin is a terminal), or a named-command run's short-lived token (`--token`, or
+SWITCHBOARD_CALLBACK_TOKEN in the environment). A callback run is never given one, and an agent
+started by Switchboard has no terminal, so a callback or a caller cannot rewrite future callbacks.
+Exit codes: 0 ok, 1 the store failed, 2 usage or a refused change (nothing saved), 3 no authority.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from typing import Any, TextIO
+
+from listener.callbacks import CallbackError, Callbacks, MutationTokens
+
+from .compose import open_home_store
+from .listener_tools import review_config
+from .paths import home_problem
+from .settings import Settings
+from .store import StoreError
+
+TOKEN_VARIABLE = "SWITCHBOARD_CALLBACK_TOKEN"
+EXIT_NO_AUTHORITY = 3
+
+
+def add_parser(subparsers: Any) -> None:
+    parser = subparsers.add_parser("callbacks", help="what runs after each phone call: the review and callbacks")
+    actions = parser.add_subparsers(dest="callbacks_command", metavar="ACTION", required=True)
+    listing = actions.add_parser("list", help="every callback and the review")
+    review = actions.add_parser("review", help="the call review: show, set or clear its instructions")
+    review.add_argument("review_action", choices=("show", "set", "clear"))
+    review.add_argument("instructions", nargs="?", help="set: what the agent does after each call")
+    register = actions.add_parser("register", help="a new callback")
+    register.add_argument("id", help="1-40 lowercase letters, digits, - or _")
+    register.add_argument("name")
+    register.add_argument("instructions", help="what the agent does after each call")
+    update = actions.add_parser("update", help="change a callback")
+    update.add_argument("id")
+    update.add_argument("--name")
+    update.add_argument("--instructions")
+    changes = [review, register, update]
+    for name in ("enable", "disable", "remove"):
+        action = actions.add_parser(name, help=f"{name} a callback")
+        action.add_argument("id")
+        changes.append(action)
+    for action in (review, register, update):
+        action.add_argument("--deliver", help="local, discord:<channel id>, or default; empty clears (update)")
+    for action in changes:
+        action.add_argument("--token", help=f"a named-command run's token (or {TOKEN_VARIABLE})")
+    for action in (listing, review, register, update, *changes[3:]):
+        action.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def run(args: argparse.Namespace, settings: Settings) -> int:
+    return asyncio.run(main(args, settings))
+
+
+def _request(args: argparse.Namespace) -> dict[str, Any]:
+    command = args.callbacks_command
+    if command == "list":
+        return {"action": "list"}
+    if command == "review":
+        return {"action": args.review_action, "instructions": args.instructions, "deliver": args.deliver}
+    return {"action": command, "id": args.id, "name": getattr(args, "name", None),
+            "instructions": getattr(args, "instructions", None), "deliver": getattr(args, "deliver", None)}
+
+
+async def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = None, err: TextIO | None = None,
+               at_terminal: bool | None = None, environ: dict[str, str] | None = None) -> int:
+    out, err = out or sys.stdout, err or sys.stderr
+    if problem := home_problem(settings.home):
+        print(f"switchboard callbacks: {problem}", file=err)
+        return 2
+    request = _request(args)
+    changing = request["action"] not in ("list", "show")
+    try:
+        store = await open_home_store(settings)
+    except StoreError as exc:
+        print(f"switchboard callbacks: {exc}", file=err)
+        return 1
+    try:
+        if changing:
+            env = os.environ if environ is None else environ
+            token = getattr(args, "token", None) or env.get(TOKEN_VARIABLE)
+            terminal = sys.stdin.isatty() if at_terminal is None else at_terminal
+            if not terminal and not await MutationTokens(store).valid(token):
+                print("switchboard callbacks: refused: changing callbacks needs the person at a terminal, or a "
+                      "valid token that only a named-command run is given" + (" (that token is not valid or has "
+                                                                              "expired)" if token else ""),
+                      file=err)
+                return EXIT_NO_AUTHORITY
+        try:
+            result = await review_config(Callbacks(store), request)
+        except CallbackError as exc:
+            print(f"switchboard callbacks: {exc}", file=err)
+            return 2
+    finally:
+        await store.close()
+    if getattr(args, "json", False):
+        json.dump(result, out, indent=2)
+        out.write("\n")
+    else:
+        _print(result, out)
+    return 0
+
+
+def _print(result: dict[str, Any], out: TextIO) -> None:
+    if "callbacks" in result:
+        if not result["callbacks"]:
+            print("no callbacks and no review instructions", file=out)
+        for c in result["callbacks"]:
+            state = "on " if c["enabled"] else "off"
+            print(f"{state} {c['id']:<20} r{c['revision']:<3} → {c['deliver']:<28} {c['name']}: "
+                  f"{' '.join(c['instructions'].split())[:120]}", file=out)
+        return
+    if "review" in result and result["review"] is not None:
+        review = result["review"]
+        print(f"review (revision {review['revision']}, → {review['deliver']}): {review['instructions']}", file=out)
+    if "summary" in result:
+        print(result["summary"], file=out)
