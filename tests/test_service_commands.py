@@ -75,7 +75,9 @@ async def test_commands_sync_with_only_the_intents_needed_and_status_is_an_ephem
         status = await svc.command("talk status", user=svc.guest)
     (sync,) = svc.fake.rest_calls("PUT", f"/applications/{svc.fake.state.application_id}/commands")
     groups = {c["name"]: sorted(o["name"] for o in c["options"]) for c in sync.body}
-    assert groups == {"talk": ["join", "leave", "status"], "runs": ["list", "show", "stop"]}
+    assert groups == {"talk": ["join", "leave", "status"], "runs": ["list", "show", "stop"],
+                      "transcripts": ["search", "show"],
+                      "callbacks": ["disable", "enable", "list", "register", "remove", "update"]}
     identify = svc.fake.gateway.sessions[0].identify
     assert identify["intents"] == intents().value
     assert not intents().members and not intents().message_content and not intents().presences
@@ -94,7 +96,7 @@ async def test_guild_ids_sync_to_each_guild_for_instant_commands(tmp_path):
     app = svc.fake.state.application_id
     assert not svc.fake.rest_calls("PUT", f"/applications/{app}/commands")
     (sync,) = svc.fake.rest_calls("PUT", f"/applications/{app}/guilds/{svc.fake.guild_id}/commands")
-    assert sorted(c["name"] for c in sync.body) == ["runs", "talk"]
+    assert sorted(c["name"] for c in sync.body) == ["callbacks", "runs", "talk", "transcripts"]
     assert status["embeds"][0]["title"] == "Call status"  # the guild copy answers
 
 
