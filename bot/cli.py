@@ -104,15 +104,16 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
     if args.command == "talk":
         return talk.run(report.settings, args)
     if args.command == "run":
+        from .listen import rotating_key
         from .service.app import run as run_service
 
-        return run_service(report.settings)
+        return run_service(report.settings, listener_key=rotating_key(args.env_file, environ))
     if args.command == "runs":
         return runs_cli.run(args, runs_config(report.settings), report.settings.home)
     if args.command == "listen":
         from . import listen
 
-        return listen.run(report.settings)
+        return listen.run(report.settings, key=listen.rotating_key(args.env_file, environ))
     if args.command == "transcripts":
         from . import transcripts_cli
 

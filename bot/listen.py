@@ -12,6 +12,8 @@ import asyncio
 import functools
 import logging
 import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from listener.archive import Archive
@@ -80,27 +82,51 @@ async def _download(settings: Settings, url: str, expires_at: str | None) -> byt
                                      allow_insecure_local=settings.allow_insecure_local)
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, key: KeySource | None = None) -> int:
     if problem := listener_problem(settings):
         print(f"switchboard listen: {problem}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return asyncio.run(serve(settings))
+        return asyncio.run(serve(settings, key=key))
     except KeyboardInterrupt:
         return 130
+
+
+KeySource = Callable[[], "str | None"]
+
+
+def rotating_key(env_file: Path | None, environ: Mapping[str, str] | None = None) -> KeySource:
+    """TRANSCRIPT_LISTENER_API_KEY read afresh at every connect — the environment over the env file,
+    as at start-up — so a key rotated in `.env` works without a restart. A file that cannot be read
+    or a malformed key gives None (the client then waits and retries; nothing is sent)."""
+    from .environment import EnvFileError, read_variables
+    from .setting_rules import check_token
+
+    def read() -> str | None:
+        try:
+            value = read_variables(env_file, environ).get("TRANSCRIPT_LISTENER_API_KEY")
+            if value:
+                check_token(value)
+        except (EnvFileError, ValueError) as exc:
+            log.error("cannot read TRANSCRIPT_LISTENER_API_KEY again: %s", str(exc).split(":")[0])
+            return None
+        return value or None
+
+    return read
 
 
 class Listener:
     """The stream client over the pipeline, and what must be closed with it."""
 
     def __init__(self, settings: Settings, store: Store, runs: RunService | None,
-                 notifier: CallNotifier | None = None) -> None:
+                 notifier: CallNotifier | None = None, key: KeySource | None = None) -> None:
         from listener.stream import StreamClient
 
         self.extractor = build_extractor(settings)
         self.pipeline = build_pipeline(settings, Archive(store), runs, notifier=notifier, extractor=self.extractor)
-        key = settings.listener_key
-        self.stream = StreamClient(settings.stream_url, key=lambda: key.get_secret_value() if key else None,
+        fixed = settings.listener_key
+        key = key or (lambda: fixed.get_secret_value() if fixed else None)
+        self.stream = StreamClient(settings.stream_url, key=key,
                                    allowed_hosts=settings.stream_hosts,
                                    allow_insecure_local=settings.allow_insecure_local,
                                    handle=_logged(self.pipeline.handle), max_message_bytes=settings.max_message_bytes)
@@ -119,7 +145,7 @@ class Listener:
             await self.extractor.aclose()
 
 
-async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> int:
+async def serve(settings: Settings, stopping: asyncio.Event | None = None, key: KeySource | None = None) -> int:
     try:
         store = await open_home_store(settings)
     except StoreError as exc:
@@ -133,7 +159,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None) -> in
     try:
         with stop_on_signals(stopping):
             await runs.start()
-            listener = Listener(settings, store, runs, notifier=poster)
+            listener = Listener(settings, store, runs, notifier=poster, key=key)
             print(f"switchboard listen: listening on {settings.stream_url.split('?')[0]} (Ctrl-C to stop)",
                   file=sys.stderr)
             streaming = asyncio.create_task(listener.run(), name="smartnumbers-stream")

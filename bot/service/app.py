@@ -144,20 +144,21 @@ def missing_settings(settings: Settings) -> list[str]:
     return problems
 
 
-def run(settings: Settings) -> int:
+def run(settings: Settings, listener_key=None) -> int:
+    """`listener_key` re-reads the Smartnumbers key at every connect (`bot.listen.rotating_key`)."""
     problems = missing_settings(settings)
     if problems:
         for line in problems:
             print(f"switchboard run: {line}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        return asyncio.run(serve(settings))
+        return asyncio.run(serve(settings, listener_key=listener_key))
     except KeyboardInterrupt:
         return 130
 
 
 async def serve(settings: Settings, stopping: asyncio.Event | None = None,
-                ready: asyncio.Future[SwitchboardBot] | None = None) -> int:
+                ready: asyncio.Future[SwitchboardBot] | None = None, listener_key=None) -> int:
     """Run until SIGINT/SIGTERM (or `stopping` is set); `ready` gets the bot once it has logged in and
     synced its commands (interactions arrive once the gateway is READY, right after)."""
     bot = SwitchboardBot(settings)
@@ -179,7 +180,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     try:
         with stop_on_signals(stopping):
             await runs.start()
-            stream = await _start_listener(settings, store, runs, poster)
+            stream = await _start_listener(settings, store, runs, poster, listener_key)
             token = settings.discord_token.get_secret_value()  # type: ignore[union-attr]
             runner = asyncio.create_task(bot.start(token), name="discord")
             stop_wait = asyncio.create_task(stopping.wait())
@@ -196,7 +197,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     return code
 
 
-async def _start_listener(settings: Settings, store, runs: RunService, poster: DiscordPoster):
+async def _start_listener(settings: Settings, store, runs: RunService, poster: DiscordPoster, key=None):
     """The Smartnumbers listener in this process when it is configured; one line says why when not."""
     from bot.listen import Listener, listener_problem
 
@@ -206,7 +207,7 @@ async def _start_listener(settings: Settings, store, runs: RunService, poster: D
     if problem := listener_problem(settings):
         print(f"switchboard run: the Smartnumbers listener does not start: {problem}", file=sys.stderr)
         return None
-    listener = Listener(settings, store, runs, notifier=poster)
+    listener = Listener(settings, store, runs, notifier=poster, key=key)
     await listener.start()
     return listener
 
