@@ -53,6 +53,8 @@ def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
         checks += [_home(report.settings), _latency_log(report.settings)]
         checks += _discord(report.settings)
         checks.append(_listener(report.settings))
+        if report.settings.listener_key is not None:
+            checks += _post_call(report.settings)
         checks += agent_lanes(report.settings)
     return checks
 
@@ -90,6 +92,44 @@ def _listener(settings) -> Check:
     return Check("listener", "ok", f"stream {settings.stream_url.split('?')[0]} (key from TRANSCRIPT_LISTENER_API_KEY, "
                                    f"not shown); agent name {settings.agent_name!r}"
                                    + (f", also {', '.join(settings.activation_names)}" if settings.activation_names else ""))
+
+
+def _post_call(settings) -> list[Check]:
+    """Memory, where call cards go, and what runs after each call (read-only from the store)."""
+    import sqlite3
+
+    from .settings import text_model_key
+
+    key, source = text_model_key(settings)
+    rows = [Check("memory", "ok", f"durable facts from each call by {settings.text_model} at {settings.text_url} "
+                                  f"(key from {source}, not shown)") if key else
+            Check("memory", "warn", f"off: no key for the text model; set {source} to learn facts from calls")]
+    if settings.transcripts_channel_id is None:
+        rows.append(Check("transcripts channel", "warn", "SWITCHBOARD_TRANSCRIPTS_CHANNEL_ID is not set: call cards "
+                                                         "and results are kept in the archive, not posted"))
+    else:
+        rows.append(Check("transcripts channel", "ok", f"call cards and results go to {settings.transcripts_channel_id}"))
+    path = settings.home.expanduser() / DB_FILENAME
+    callbacks, review, failed = [], False, None
+    if path.exists():
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+                for cid, enabled in db.execute("SELECT id, enabled FROM listener_callbacks"):
+                    if cid == "default-review":
+                        review = bool(enabled)
+                    elif enabled:
+                        callbacks.append(cid)
+                failed = db.execute("SELECT label, delivered FROM listener_jobs WHERE delivered LIKE 'post failed%' "
+                                    "ORDER BY created_at DESC LIMIT 1").fetchone()
+        except sqlite3.Error:
+            pass  # no listener tables yet
+    review_words = "off (SWITCHBOARD_AUTO_REVIEW=false)" if not settings.auto_review else         "on" if review else "off (no review instructions: `switchboard callbacks review set …`)"
+    rows.append(Check("after each call", "ok", f"review {review_words}; {len(callbacks)} callback(s) enabled"
+                                               + (f": {', '.join(callbacks[:5])}" if callbacks else "")))
+    if failed is not None:
+        rows.append(Check("after each call", "warn", f"the last result post ({failed[0][:60]!r}) failed: "
+                                                     f"{failed[1][len('post failed: '):][:200]}"))
+    return rows
 
 
 def _last_post(settings) -> Check:

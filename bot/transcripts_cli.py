@@ -98,3 +98,10 @@ def _print_call(call: dict[str, Any], as_json: bool, out: TextIO) -> None:
     print("(what callers said: external, untrusted text)", file=out)
     for t in call["turns"]:
         print(f"  {t['index']:>3} {t['speaker']}{' (you)' if t['is_user'] else ''}: {t['text']}", file=out)
+    for fact in call.get("facts", []):
+        print(f"learned (turn {fact['turn'] - 1}): {fact['fact']}", file=out)
+    for job in call.get("jobs", []):
+        where = f", {job['delivered']}" if job["delivered"] else ""
+        print(f"{job['kind']} {job['label'][:80]!r}: {job['job_id'] or job['state']}{where}", file=out)
+    if call.get("review"):
+        print(f"review ({call['review_status']}):\n{call['review']}", file=out)

@@ -226,10 +226,20 @@ class Archive:
         turns = await self.db.fetchall(
             "SELECT turn_index, speaker, is_user, text, start_s, end_s, source_turn_id FROM transcript_turns "
             "WHERE transcript_id = ? ORDER BY turn_index", (row["id"],))
+        jobs = await self.db.fetchall(
+            "SELECT kind, label, job_id, state, detail, delivered FROM listener_jobs WHERE transcript_id = ? "
+            "ORDER BY created_at, rowid", (row["id"],))
+        facts = await self.db.fetchall("SELECT fact, assertion_turn, confirmation_turn FROM listener_facts WHERE "
+                                       "transcript_id = ? ORDER BY id", (row["id"],))
         return {"source_trust": SOURCE_TRUST, "id": row["id"], "conversation_id": row["conversation_id"],
                 "source": row["source"], "direction": row["direction"], "from": row["from_number"],
                 "to": row["to_number"], "user_label": row["user_label"], "received_at": row["received_at"],
-                "review_status": row["review_status"],
+                "review_status": row["review_status"], "review": row["review"], "memory_status": row["memory_status"],
+                "facts": [{"fact": f["fact"], "turn": f["assertion_turn"] + 1,
+                           "confirmed_in_turn": None if f["confirmation_turn"] is None else f["confirmation_turn"] + 1}
+                          for f in facts],
+                "jobs": [{"kind": j["kind"], "label": j["label"], "job_id": j["job_id"], "state": j["state"],
+                          "detail": j["detail"], "delivered": j["delivered"]} for j in jobs],
                 "turns": [{"index": t["turn_index"], "speaker": t["speaker"], "is_user": bool(t["is_user"]),
                            "text": t["text"], "start_s": t["start_s"], "end_s": t["end_s"],
                            "source_turn_id": t["source_turn_id"]} for t in turns]}

@@ -1,0 +1,142 @@
+"""Where a finished listener run lands, on a real store: its job's target, the review into the
+archive, the token revoked, a failed post kept in the ledger, anything else passed on unchanged.
+And the listener's voice tools: read-only search for anyone, the config tool behind the gate."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bot.compose import STORE_MIGRATIONS
+from bot.listener_delivery import ListenerDelivery, TerminalPoster, card_reference
+from bot.listener_tools import transcript_tools
+from bot.runs import RunState, RunTicket
+from bot.service.gate import OperatorGate
+from bot.store import open_store
+from listener.archive import Archive
+from listener.callbacks import Callbacks, MutationTokens
+from listener.pipeline import TranscriptPipeline
+from voice.call.attribution import Attribution, CallInfo
+from voice.call.tools import ToolCatalogue
+
+OPERATOR, GUEST = 111111111111111111, 222222222222222222
+DEFAULT_CHANNEL, OTHER_CHANNEL = 333333333333333333, 444444444444444444
+
+
+class Poster:
+    def __init__(self, fail: bool = False) -> None:
+        self.results: list = []
+        self.fail = fail
+
+    async def post_result(self, result) -> str:
+        if self.fail:
+            raise RuntimeError("Missing Access")
+        self.results.append(result)
+        return f"posted in {result.channel_id}"
+
+
+class Fallback:
+    def __init__(self) -> None:
+        self.tickets: list = []
+
+    async def post_run(self, ticket) -> None:
+        self.tickets.append(ticket)
+
+
+class Jobs:
+    def __init__(self) -> None:
+        self.n = 0
+
+    async def start_job(self, job) -> str:
+        self.n += 1
+        return f"run-{self.n}"
+
+
+def ticket(run_id: int, state: RunState = RunState.COMPLETED, output: str = "done", error: str | None = None):
+    return RunTicket(run_id, "command", "task", state, 1.0, 2.0, output=output, error=error, finished_at=2.0)
+
+
+@pytest.fixture
+async def store(tmp_path):
+    store = await open_store(tmp_path, STORE_MIGRATIONS)
+    callbacks = Callbacks(store, clock=lambda: 0.0)
+    await callbacks.set_review("Summarise it.")
+    await callbacks.register("elsewhere", "Elsewhere", "Post it elsewhere.", deliver=f"discord:{OTHER_CHANNEL}")
+    await callbacks.register("quiet", "Quiet", "Keep it local.", deliver="local")
+    direct = {"conversation_id": "call_5", "event_id": "e5", "metadata": {"direction": "outbound", "from": "+1",
+                                                                           "to": "+2"},
+              "turns": [{"speaker": "FROM", "text": "Ares, book the table."}]}
+    ack = await TranscriptPipeline(Archive(store), download=None, jobs=Jobs(), agent_name="Ares",
+                                   clock=lambda: 10.0).handle(direct)
+    assert ack["job_ids"] == ["run-1", "run-2", "run-3", "run-4"], ack
+    async with store.transaction() as conn:
+        await conn.execute("UPDATE transcripts SET card = ?", (card_reference(DEFAULT_CHANNEL, 99),))
+    yield store
+    await store.close()
+
+
+async def test_each_result_goes_to_its_jobs_target_and_the_review_into_the_archive(store):
+    poster, fallback = Poster(), Fallback()
+    delivery = ListenerDelivery(store, fallback, poster, default_channel=DEFAULT_CHANNEL)
+    for run_id in (1, 2, 3, 4):
+        await delivery.post_run(ticket(run_id, output=f"output {run_id}"))
+    await delivery.post_run(ticket(9))  # a run the listener did not start
+    assert [(r.kind, r.label, r.channel_id) for r in poster.results] == [
+        ("review", "Call review", DEFAULT_CHANNEL), ("callback", "Elsewhere", OTHER_CHANNEL),
+        ("callback", "Quiet", None), ("command", "book the table.", DEFAULT_CHANNEL)]
+    assert all(r.card == card_reference(DEFAULT_CHANNEL, 99) for r in poster.results)
+    assert [t.id for t in fallback.tickets] == [9]
+    call = await Archive(store).show("call_5")
+    assert call["review"] == "output 1" and call["review_status"] == "done"
+    assert [j["delivered"] for j in call["jobs"]] == [f"posted in {DEFAULT_CHANNEL}", f"posted in {OTHER_CHANNEL}",
+                                                      "posted in None", f"posted in {DEFAULT_CHANNEL}"]
+
+
+async def test_a_failed_review_is_recorded_and_a_failed_post_is_kept_not_raised(store):
+    delivery = ListenerDelivery(store, Fallback(), Poster(fail=True), default_channel=DEFAULT_CHANNEL)
+    await delivery.post_run(ticket(1, RunState.FAILED, output="", error="the agent crashed"))
+    call = await Archive(store).show("call_5")
+    assert call["review_status"] == "failed" and call["review"] == "the agent crashed"
+    assert call["jobs"][0]["delivered"] == "post failed: Missing Access"
+
+
+async def test_a_named_commands_token_is_revoked_when_its_run_lands(store):
+    key = (await store.fetchone("SELECT dedupe_key FROM listener_jobs WHERE kind = 'command'"))["dedupe_key"]
+    tokens = MutationTokens(store)
+    token = await tokens.issue(key)
+    assert await tokens.valid(token)
+    await ListenerDelivery(store, Fallback(), Poster(), default_channel=None).post_run(ticket(4))
+    assert not await tokens.valid(token)
+
+
+async def test_the_terminal_poster_prints_cards_and_results(store, capsys):
+    poster = TerminalPoster()
+    await ListenerDelivery(store, Fallback(), poster, default_channel=None).post_run(ticket(2, output="filed it"))
+    err = capsys.readouterr().err
+    assert "callback \u201cElsewhere\u201d for call call_5 finished" in err and "filed it" in err
+    assert f"meant for Discord channel {OTHER_CHANNEL}" in err
+
+
+async def test_searching_is_open_and_changing_what_runs_after_calls_is_the_operators_alone(store):
+    catalogue = ToolCatalogue(OperatorGate(frozenset({OPERATOR})), transcript_tools(Archive(store)))
+    assert not catalogue.get("memory_search").mutating and catalogue.get("transcript_review_config").mutating
+
+    async def run(name: str, args: dict, speakers: frozenset) -> dict:
+        outcome = await catalogue.run(f"c-{name}", name, json.dumps(args), origin=Attribution("resp_1", 1, speakers),
+                                      call=CallInfo("call-1", 1, 2))
+        return {"ok": outcome.ok, **json.loads(outcome.output)}
+
+    found = await run("transcript_search", {"query": "table"}, frozenset({GUEST}))
+    assert found["ok"] and found["source_trust"] == "external-untrusted" and found["results"]
+    refused = await run("transcript_review_config", {"action": "clear"}, frozenset({GUEST}))
+    assert not refused["ok"]
+    assert (await Callbacks(store).review()) is not None  # nothing changed
+    both = await run("transcript_review_config", {"action": "clear"}, frozenset({GUEST, OPERATOR}))
+    assert not both["ok"] and (await Callbacks(store).review()) is not None
+    done = await run("transcript_review_config", {"action": "register", "id": "crm", "name": "CRM",
+                                                  "instructions": "Log the caller."}, frozenset({OPERATOR}))
+    assert done["ok"] and done["callback"]["id"] == "crm"
+    bad = await run("transcript_review_config", {"action": "register", "id": "x", "name": "X", "instructions": "y",
+                                                 "deliver": "telegram"}, frozenset({OPERATOR}))
+    assert "not one Switchboard knows" in bad["error"]
