@@ -47,6 +47,10 @@ UNKNOWN_CHANNEL = DiscordError(404, 10003, "Unknown Channel")
 UNKNOWN_GUILD = DiscordError(404, 10004, "Unknown Guild")
 UNKNOWN_WEBHOOK = DiscordError(404, 10015, "Unknown Webhook")
 UNKNOWN_MESSAGE = DiscordError(404, 10008, "Unknown Message")
+# A reply (`message_reference`) to a message that is not in the channel posted to, with
+# `fail_if_not_exists` true or left out (Discord's default).
+REFERENCE_UNKNOWN = DiscordError(400, 50035, "Invalid Form Body", {"message_reference": {"_errors": [
+    {"code": "MESSAGE_REFERENCE_UNKNOWN_MESSAGE", "message": "Unknown message"}]}})
 UNKNOWN_INTERACTION = DiscordError(404, 10062, "Unknown interaction")
 ALREADY_ACKNOWLEDGED = DiscordError(400, 40060, "Interaction has already been acknowledged.")
 EMPTY_MESSAGE = DiscordError(400, 50006, "Cannot send an empty message")
@@ -91,10 +95,50 @@ def check_message(body: Any, *, at: Path = (), ephemeral_allowed: bool = False, 
     allowed = CREATE_FLAGS if ephemeral_allowed else CREATE_FLAGS & ~(1 << 6)
     if not isinstance(flags, int) or flags & ~allowed:
         form.add((*at, "flags"), "MESSAGE_FLAGS_INVALID", "Invalid flags")
+    if body.get("allowed_mentions") is not None:
+        _check_allowed_mentions(form, (*at, "allowed_mentions"), body["allowed_mentions"])
     form.raise_if_any()
     if not edit and not (content or embeds or body.get("components") or body.get("attachments")
                          or body.get("sticker_ids") or body.get("poll")):
         raise EMPTY_MESSAGE
+
+
+MENTION_KINDS = ("roles", "users", "everyone")
+MENTION_IDS_MAX = 100
+
+
+def _check_allowed_mentions(form: _Form, at: Path, mentions: Any) -> None:
+    """Discord's allowed-mentions object: `parse` ⊆ roles/users/everyone, `users`/`roles` at most 100
+    snowflakes each and exclusive with the same kind in `parse`, `replied_user` a boolean."""
+    if not isinstance(mentions, dict):
+        form.add(at, "DICT_TYPE_CONVERT", "Only dictionaries may be used in a DictType")
+        return
+    parse = mentions.get("parse")
+    if parse is not None:
+        if not isinstance(parse, list):
+            form.add((*at, "parse"), "BASE_TYPE_LIST", "Must be a list.")
+            parse = []
+        for i, kind in enumerate(parse):
+            if kind not in MENTION_KINDS:
+                form.add((*at, "parse", i), "BASE_TYPE_CHOICES", f"Value must be one of {MENTION_KINDS}.")
+    for kind in ("users", "roles"):
+        ids = mentions.get(kind)
+        if ids is None:
+            continue
+        if not isinstance(ids, list):
+            form.add((*at, kind), "BASE_TYPE_LIST", "Must be a list.")
+            continue
+        if len(ids) > MENTION_IDS_MAX:
+            form.add((*at, kind), "BASE_TYPE_MAX_LENGTH", f"Must be {MENTION_IDS_MAX} or fewer in length.")
+        for i, value in enumerate(ids):
+            if not str(value).isdigit():
+                form.add((*at, kind, i), "NUMBER_TYPE_COERCE", "Value is not snowflake.")
+        if kind in (parse or []):
+            form.add(at, "MESSAGE_ALLOWED_MENTIONS_PARSE_EXCLUSIVE",
+                     f'parse:["{kind}"] and {kind}: [ids...] are mutually exclusive.')
+    replied = mentions.get("replied_user")
+    if replied is not None and not isinstance(replied, bool):
+        form.add((*at, "replied_user"), "BASE_TYPE_BOOLEAN", "Must be either true or false.")
 
 
 def check_choices(data: Any, focused: dict) -> None:

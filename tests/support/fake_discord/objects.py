@@ -15,6 +15,7 @@ DISCORD_EPOCH_MS = 1_420_070_400_000
 _BASE_MS = 1_796_083_200_000 - DISCORD_EPOCH_MS
 
 TEXT, VOICE = 0, 2  # channel types
+REPLY = 19  # message type of a reply (a message with a default message_reference)
 EPHEMERAL = 1 << 6
 LOADING = 1 << 7
 # What a plain member may do: create invite, add reactions, view, send, embed links, attach files,
@@ -93,6 +94,7 @@ class Guild:
     text_channel: Channel
     voice_channel: Channel
     members: dict[int, SimUser] = field(default_factory=dict)
+    more_channels: list[Channel] = field(default_factory=list)  # added by the test (`FakeDiscord.add_text_channel`)
     voice: dict[int, int] = field(default_factory=dict)  # user id -> voice channel id
     voice_sessions: dict[int, str] = field(default_factory=dict)  # user id -> voice session id
     self_flags: dict[int, tuple[bool, bool]] = field(default_factory=dict)  # user id -> (self_mute, self_deaf)
@@ -100,7 +102,7 @@ class Guild:
 
     @property
     def channels(self) -> list[Channel]:
-        return [self.text_channel, self.voice_channel]
+        return [self.text_channel, self.voice_channel, *self.more_channels]
 
     def channel(self, channel_id: int) -> Channel | None:
         return next((c for c in self.channels if c.id == channel_id), None)
@@ -150,8 +152,12 @@ def _str_or_none(value: int | None) -> str | None:
 
 def message_payload(*, message_id: int, channel_id: int, guild_id: int | None, author: SimUser,
                     body: dict, message_type: int = 0, application_id: int | None = None,
-                    flags: int = 0) -> dict:
-    """A message as Discord returns it after creating it from a validated request `body`."""
+                    flags: int = 0, replied_to: dict | None = None) -> dict:
+    """A message as Discord returns it after creating it from a validated request `body`.
+
+    `replied_to`: the (resolved) message this one replies to. Discord then answers type 19 (REPLY)
+    with `message_reference` and `referenced_message`, and mentions the replied-to author unless
+    `allowed_mentions` leaves `replied_user` out (or false)."""
     embeds = [{"type": "rich", **embed} for embed in body.get("embeds") or []]
     data = {"id": str(message_id), "channel_id": str(channel_id), "author": author.user_payload(),
             "content": body.get("content") or "", "timestamp": iso_now(), "edited_timestamp": None,
@@ -162,4 +168,12 @@ def message_payload(*, message_id: int, channel_id: int, guild_id: int | None, a
         data["guild_id"] = str(guild_id)
     if application_id is not None:
         data["application_id"] = data["webhook_id"] = str(application_id)
+    if replied_to is not None:
+        data["type"] = REPLY
+        data["message_reference"] = {"type": 0, "message_id": replied_to["id"], "channel_id": replied_to["channel_id"],
+                                     **({"guild_id": replied_to["guild_id"]} if "guild_id" in replied_to else {})}
+        data["referenced_message"] = {k: v for k, v in replied_to.items() if k != "referenced_message"}
+        mentions = body.get("allowed_mentions")
+        if mentions is None or mentions.get("replied_user"):
+            data["mentions"] = [replied_to["author"]]
     return data
