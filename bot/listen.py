@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -104,13 +105,18 @@ def rotating_key(env_file: Path | None, environ: Mapping[str, str] | None = None
 
     def read() -> str | None:
         try:
-            value = read_variables(env_file, environ).get("TRANSCRIPT_LISTENER_API_KEY")
+            variables = read_variables(env_file, environ)
+        except EnvFileError as exc:  # the file went away or broke: the environment alone still counts
+            log.error("cannot read the env file again (%s); using the environment alone", str(exc).split(":")[0])
+            variables = {k: v.strip() for k, v in (os.environ if environ is None else environ).items()}
+        value = variables.get("TRANSCRIPT_LISTENER_API_KEY") or None
+        try:
             if value:
                 check_token(value)
-        except (EnvFileError, ValueError) as exc:
-            log.error("cannot read TRANSCRIPT_LISTENER_API_KEY again: %s", str(exc).split(":")[0])
+        except ValueError as exc:
+            log.error("TRANSCRIPT_LISTENER_API_KEY is unusable now: %s", exc)
             return None
-        return value or None
+        return value
 
     return read
 

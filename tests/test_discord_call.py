@@ -130,10 +130,31 @@ async def say(r: Room, *speakers: SimUser, text: str = "audit the auth module an
     raise AssertionError("the bot never committed a turn")
 
 
+async def seed_fact(home, fact: str) -> None:
+    """A phone call the listener archived earlier, with one durable fact learned from it."""
+    from bot.compose import STORE_MIGRATIONS
+    from bot.store import open_store
+    from listener.archive import Archive
+    from listener.memory import Fact, Memory
+    from listener.model import Transcript, Turn
+
+    store = await open_store(home, STORE_MIGRATIONS)
+    try:
+        call = Transcript("call_1", (Turn(0, "FROM", "My daughter Maya starts school on Monday."),),
+                          direction="outbound")
+        archived = await Archive(store).archive(call, "raw", received_at=1.0, user_label="FROM")
+        await Memory(store).save(archived.transcript_id, [Fact(fact, "Maya starts school on Monday", 0, "FROM")])
+    finally:
+        await store.close()
+
+
 @pytest.mark.asyncio
 async def test_the_operator_delegates_by_voice_and_the_run_lands_in_the_runs_channel(tmp_path):
+    await seed_fact(tmp_path / "home", "The user's daughter Maya starts school on Monday.")
     async with room(tmp_path) as r:
         await join_and_settle(r, r.olive)
+        session = next(e["session"] for e in r.realtime.received if e["type"] == "session.update")
+        assert "The user's daughter Maya starts school on Monday." in session["instructions"]  # learned from a call
         await say(r, r.olive)
         await r.realtime.wait_for(lambda: len(r.outputs()) >= 2, WAIT_S)
         await r.fake.journal.wait_for(lambda: r.fake.state.messages, WAIT_S)  # the finished run's embed

@@ -117,3 +117,19 @@ async def test_tokens_are_hashed_expire_and_are_revoked(store):
     assert await tokens.valid(token)
     await tokens.revoke('["call_1","index",0,0]')
     assert not await tokens.valid(token)
+
+
+def test_the_listener_key_is_read_afresh_from_the_env_file_and_the_environment_wins(tmp_path, caplog):
+    from bot.listen import rotating_key
+
+    env = tmp_path / ".env"
+    env.write_text("TRANSCRIPT_LISTENER_API_KEY=first-key\n")
+    key = rotating_key(env, environ={})
+    assert key() == "first-key"
+    env.write_text("TRANSCRIPT_LISTENER_API_KEY=second-key\n")  # rotated while running
+    assert key() == "second-key"
+    env.write_text("TRANSCRIPT_LISTENER_API_KEY=has a space\n")
+    assert key() is None and "has a space" not in caplog.text
+    assert rotating_key(env, environ={"TRANSCRIPT_LISTENER_API_KEY": "from-env"})() == "from-env"
+    env.unlink()
+    assert key() is None  # the file is gone and the environment has none: nothing is sent, the client retries

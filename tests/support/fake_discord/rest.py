@@ -18,6 +18,7 @@ from .checks import (
     ALREADY_ACKNOWLEDGED,
     INVALID_JSON,
     NOT_FOUND,
+    REFERENCE_UNKNOWN,
     UNAUTHORIZED,
     UNKNOWN_CHANNEL,
     UNKNOWN_GUILD,
@@ -164,10 +165,39 @@ class RestApi:
         channel_id = self._channel(request)
         check_message(request[BODY])
         body = request[BODY]
+        replied_to = self._replied_to(channel_id, body.get("message_reference"))
         message = message_payload(message_id=self.state.ids(), channel_id=channel_id, guild_id=self.state.guild.id,
-                                  author=self.state.bot, body=body, flags=body.get("flags") or 0)
+                                  author=self.state.bot, body=body, flags=body.get("flags") or 0,
+                                  replied_to=replied_to)
         self.state.messages.append(message)
         return json_response(200, message)
+
+    def _replied_to(self, channel_id: int, reference: Any) -> dict | None:
+        """The message a create's `message_reference` replies to, as Discord resolves it: it must be a
+        message in the channel posted to; when it is not, 400 MESSAGE_REFERENCE_UNKNOWN_MESSAGE unless
+        `fail_if_not_exists` is false, which sends a normal message (the reference is dropped)."""
+        if reference is None:
+            return None
+        if not isinstance(reference, dict):
+            raise DiscordError(400, 50035, "Invalid Form Body", {"message_reference": {"_errors": [
+                {"code": "DICT_TYPE_CONVERT", "message": "Only dictionaries may be used in a DictType"}]}})
+        if reference.get("type", 0) != 0:  # forwards (type 1) are not modelled by the fake
+            self.state.journal.violation(f"message_reference type {reference.get('type')!r}: only replies (0) "
+                                         "are modelled")
+        message_id = reference.get("message_id")
+        if message_id is None or not str(message_id).isdigit():
+            raise DiscordError(400, 50035, "Invalid Form Body", {"message_reference": {"message_id": {"_errors": [
+                {"code": "BASE_TYPE_REQUIRED" if message_id is None else "NUMBER_TYPE_COERCE",
+                 "message": "This field is required" if message_id is None else "Value is not snowflake."}]}}})
+        for key, expected in (("channel_id", channel_id), ("guild_id", self.state.guild.id)):
+            if reference.get(key) is not None and str(reference[key]) != str(expected):
+                # A reply must be in the referenced message's channel; it is never silently moved.
+                self.state.journal.violation(f"a reply in channel {channel_id} names {key} {reference[key]} "
+                                             f"(replies must stay in the referenced message's channel)")
+        found = self.state.find_message(channel_id, int(message_id))
+        if found is None and reference.get("fail_if_not_exists", True) is not False:
+            raise REFERENCE_UNKNOWN
+        return found
 
     # -- interactions -----------------------------------------------------------------------
 

@@ -18,10 +18,10 @@ from typing import Any
 from aiohttp import web
 
 from .checks import MISSING_PERMISSIONS, UNKNOWN_CHANNEL, DiscordError
-from .gateway import Gateway, GatewaySession
+from .gateway import GUILDS_INTENT, Gateway, GatewaySession
 from .interactions import build_command_interaction
-from .journal import Journal
-from .objects import Channel, SimUser
+from .journal import Journal, RestCall
+from .objects import TEXT, Channel, SimUser
 from .rest import API_PREFIX, RestApi, json_response
 from .speech import Speaker, hear_bot
 from .state import DiscordState, PendingInteraction
@@ -125,6 +125,23 @@ class FakeDiscord:
     def add_user(self, username: str, nick: str | None = None) -> SimUser:
         """A guild member the test can act as."""
         return self.state.new_user(username, nick)
+
+    async def add_text_channel(self, name: str) -> Channel:
+        """Another text channel in the guild; a connected bot hears CHANNEL_CREATE (the GUILDS intent)."""
+        guild = self.state.guild
+        channel = Channel(self.state.ids(), TEXT, name, guild.id, len(guild.channels))
+        guild.more_channels.append(channel)
+        session = self.gateway.current
+        if session is not None and session.intents & GUILDS_INTENT:
+            await session.dispatch("CHANNEL_CREATE", channel.payload())
+        return channel
+
+    def request_for(self, message: dict) -> RestCall:
+        """The REST call that created channel message `message` (its body has what Discord does not echo
+        back, such as `allowed_mentions`)."""
+        return next(c for c in self.journal.rest if c.method == "POST" and isinstance(c.response, dict)
+                    and c.response.get("id") == message["id"]
+                    and c.path.endswith(f"/channels/{message['channel_id']}/messages"))
 
     def fail_channel(self, channel_id: int, failure: str) -> None:
         """Make every request on a channel fail: "forbidden" (403 50013) or "unknown" (404 10003)."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from .checks import DiscordError
 from .journal import Journal
-from .objects import TEXT, VOICE, Channel, Guild, SimUser, Snowflakes
+from .objects import EPHEMERAL, TEXT, VOICE, Channel, Guild, SimUser, Snowflakes
 
 
 @dataclass
@@ -52,6 +52,15 @@ class DiscordState:
         user = SimUser(self.ids(), username, nick)
         self.guild.members[user.id] = user
         return user
+
+    def find_message(self, channel_id: int, message_id: int) -> dict | None:
+        """A (non-ephemeral) message in `channel_id`: one the bot posted, or an interaction's response
+        or follow-up there."""
+        candidates = list(self.messages)
+        for pending in self.interactions.values():
+            candidates += [m for m in (pending.original, *pending.followups) if m is not None]
+        return next((m for m in candidates if m["id"] == str(message_id) and m["channel_id"] == str(channel_id)
+                     and not (m.get("flags") or 0) & EPHEMERAL), None)
 
     def interaction_by_token(self, application_id: int, token: str) -> PendingInteraction | None:
         if application_id != self.application_id:
