@@ -21,12 +21,12 @@ from pathlib import Path
 from listener.archive import Archive
 from voice.audio import AudioFileError
 from voice.call.core import CallOptions
-from voice.call.engine import CallEngine, CallFailed
+from voice.call.engine import CallEngine, CallFailed, speech_detector
 from voice.call.identity import build_identity
 from voice.call.providers import ProviderConfigError, RealtimeProvider, make_provider
 from voice.call.telemetry import Telemetry
 from voice.call.tools import AllowKnownSpeakers, ToolCatalogue
-from voice.call.vad import VadConfig
+from voice.call.vad import SpeechDetector, VadConfig
 
 from .compose import run_service
 from .doctor import wav_hint
@@ -94,8 +94,10 @@ async def _call(settings: Settings, args, provider: RealtimeProvider, transport,
     telemetry = Telemetry(path=metrics)
     # A file call stays open until the runs it started have landed and been spoken (or --timeout).
     memory = await known_facts(Archive(runs.store))
+    # loading the trained VAD takes ~0.2 s: off the event loop, as the Discord calls do
+    detector = await asyncio.to_thread(speech_detector, VadConfig(), log) if endpointing == "local" else None
     engine = _build_engine(provider, transport, settings, endpointing, telemetry, runs, memory=memory,
-                           hold_open=(lambda: runs.busy) if file_mode else None)
+                           detector=detector, hold_open=(lambda: runs.busy) if file_mode else None)
     detach = runs.attach(engine)
     signals: list[int] = []
 
@@ -159,6 +161,7 @@ def _prepare(settings: Settings, args) -> tuple[RealtimeProvider, object, Path |
 
 def _build_engine(provider: RealtimeProvider, transport, settings: Settings, endpointing: str,
                   telemetry: Telemetry, runs: RunService, *, memory: KnownFacts | None = None,
+                  detector: SpeechDetector | None = None,
                   hold_open: Callable[[], bool] | None = None) -> CallEngine:
     identity = build_identity(settings.home, settings.identity_include, memory=memory)
     # The terminal has one person at the keyboard, who may run every tool they ask for themselves;
@@ -167,7 +170,7 @@ def _build_engine(provider: RealtimeProvider, transport, settings: Settings, end
                                                      *transcript_tools(Archive(runs.store))])
     return CallEngine(provider, transport, catalogue, identity,
                       options=CallOptions(endpointing=endpointing, vad=VadConfig()),
-                      telemetry=telemetry, on_transcript=_print_transcript, hold_open=hold_open)
+                      telemetry=telemetry, on_transcript=_print_transcript, hold_open=hold_open, detector=detector)
 
 
 def _no_user_id(call) -> None:

@@ -160,3 +160,33 @@ def _story(types: list[str]) -> str:
         else:
             out.append(t)
     return ", ".join(out)
+
+
+async def test_local_endpointing_commits_each_spoken_sentence_with_the_trained_vad(tmp_path):
+    """File mode with `--endpointing local`: real espeak-ng speech, the Silero detector (loaded off
+    the event loop) ends each turn itself; the server's own VAD is off."""
+    from tests.support.speech import speech_frames
+
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    silence = b"\x00" * 3840 * 60  # 1.2 s of 48 kHz stereo silence
+    with wave.open(str(wav_in), "wb") as wav:
+        wav.setnchannels(2)
+        wav.setsampwidth(2)
+        wav.setframerate(48_000)
+        for text in ("what is the weather like today", "and what about tomorrow"):
+            wav.writeframes(b"".join(speech_frames(text)) + silence)
+    async with FakeRealtime(lambda ctx: AudioReply("Sunny.", audio_ms=300)) as fake:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+               "SWITCHBOARD_HOME": str(tmp_path), "OPENAI_API_KEY": KEY, "SWITCHBOARD_REALTIME_URL": fake.url}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "--env-file", os.devnull, "talk", "--endpointing", "local",
+            "--input-wav", str(wav_in), "--output-wav", str(wav_out), "--timeout", "30", cwd=ROOT, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 40)
+        assert proc.returncode == 0, err.decode()[-2000:]
+        fake.assert_clean()
+        commits = [e for e in fake.received if e["type"] == "input_audio_buffer.commit"]
+        update = next(e for e in fake.received if e["type"] == "session.update")
+    assert len(commits) == 2, err.decode()[-2000:]
+    assert update["session"]["audio"]["input"]["turn_detection"] is None
+    assert "silero" in err.decode().lower()
