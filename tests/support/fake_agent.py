@@ -2,7 +2,8 @@
 
 Modes:
   answer   print "answer: <task>" (and the argv as JSON with --argv) and exit 0; with --think S,
-           work for S seconds first (an agent slower than the call's settle time)
+           work for S seconds first (an agent slower than the call's settle time); with --wait-for
+           PATH, first wait until PATH exists (the test's go signal; exit 1 after 30 s without it)
   fail     print partial work on stdout, an error on stderr, exit 1
   hang     start a child in the same process group, report "<pid> <child pid>" on --ready (a FIFO),
            then wait until killed; with --ignore-term both ignore SIGTERM (only SIGKILL ends them)
@@ -24,6 +25,15 @@ import sys
 import time
 
 
+def _wait_for_file(path: str, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _hold_forever() -> None:
     while True:
         time.sleep(3600)
@@ -38,11 +48,15 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--bytes", type=int, default=1_000_000)
     parser.add_argument("--argv", action="store_true", help="also print argv as JSON (answer)")
     parser.add_argument("--think", type=float, default=0.0, help="answer: seconds of work before answering")
+    parser.add_argument("--wait-for", help="answer: wait until this file exists before answering")
     parser.add_argument("--profile")
     parser.add_argument("task")
     args = parser.parse_args(argv)
 
     if args.mode == "answer":
+        if args.wait_for and not _wait_for_file(args.wait_for, 30.0):
+            print(f"never got the go signal ({args.wait_for})", file=sys.stderr)
+            return 1
         time.sleep(args.think)
         if args.argv:
             print(json.dumps(sys.argv[1:]))
