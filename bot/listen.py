@@ -157,15 +157,14 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None, key: 
     except StoreError as exc:
         print(f"switchboard listen: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    poster = TerminalPoster()
-    runs = RunService(store, runs_config(settings), sink=ListenerDelivery(
-        store, TerminalSink(), poster, default_channel=settings.transcripts_channel_id))
+    delivery = ListenerDelivery(store, TerminalSink(), TerminalPoster(), default_channel=settings.transcripts_channel_id)
+    runs = RunService(store, runs_config(settings), sink=delivery)
     stopping = stopping or asyncio.Event()
     listener = None
     try:
         with stop_on_signals(stopping):
             await runs.start()
-            listener = Listener(settings, store, runs, notifier=poster, key=key)
+            listener = Listener(settings, store, runs, notifier=delivery, key=key)
             print(f"switchboard listen: listening on {settings.stream_url.split('?')[0]} (Ctrl-C to stop)",
                   file=sys.stderr)
             streaming = asyncio.create_task(listener.run(), name="smartnumbers-stream")

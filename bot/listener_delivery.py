@@ -10,16 +10,18 @@ How a result is shown is a `ResultPoster`: Discord embeds in `switchboard run`, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from listener.callbacks import MutationTokens, deliver_channel
 from listener.pipeline import CallCard
 
 from .runs import NotificationSink, RunState, RunTicket
+from .runs.repository import RunRepository
 from .runs.speech import STATE_WORDS, bounded, elapsed_words
 from .store import Store
 
@@ -41,12 +43,23 @@ class JobResult:
 
 
 class ResultPoster(Protocol):
+    async def post_card(self, card: CallCard) -> str | None:
+        """Show a call's card; return its reference (kept with the call). Raise when the post failed."""
+        ...
+
     async def post_result(self, result: JobResult) -> str:
         """Show it; return where it went (for the ledger). Raise when the post failed."""
         ...
 
 
+WAITING = "waiting for the call card"
+
+
 class ListenerDelivery:
+    """The runs service's sink for listener jobs, and the pipeline's card notifier in front of the
+    poster: a result that lands before its call's card waits, and the card, once posted, brings every
+    waiting (or earlier refused) result out under it — so results are always under their card."""
+
     def __init__(self, store: Store, fallback: NotificationSink, poster: ResultPoster, *,
                  default_channel: int | None) -> None:
         self._store = store
@@ -54,12 +67,11 @@ class ListenerDelivery:
         self._poster = poster
         self._default_channel = default_channel
         self._tokens = MutationTokens(store)
+        self._repo = RunRepository(store)
+        self._lock = asyncio.Lock()  # a result and its card never cross
 
     async def post_run(self, ticket: RunTicket) -> None:
-        row = await self._store.fetchone(
-            "SELECT j.dedupe_key, j.kind, j.label, j.deliver, t.id AS transcript_id, t.conversation_id, "
-            "t.from_number, t.to_number, t.card FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id "
-            "WHERE j.job_id = ?", (f"run-{ticket.id}",))
+        row = await self._job(ticket.id)
         if row is None:
             await self._fallback.post_run(ticket)
             return
@@ -70,6 +82,40 @@ class ListenerDelivery:
                 await conn.execute("UPDATE transcripts SET review = ?, review_status = ? WHERE id = ?",
                                    (ticket.output if done else ticket.error, "done" if done else "failed",
                                     row["transcript_id"]))
+        async with self._lock:  # checked and marked together with the card's recording (post_card)
+            row = await self._job(ticket.id)
+            if row["card"] is None:
+                await self._mark(row["dedupe_key"], WAITING)
+                log.info("run %s (%s for call %s) waits for the call card", ticket.id, row["kind"],
+                         row["conversation_id"])
+                return
+        await self._post(ticket, row)
+
+    async def post_card(self, card: CallCard) -> str | None:
+        """Post the card (via the poster), record it, then every result that was waiting for it."""
+        reference = await self._poster.post_card(card)  # raises: the pipeline records the stage
+        async with self._lock:
+            async with self._store.transaction() as conn:
+                await conn.execute("UPDATE transcripts SET card = ? WHERE id = ?",
+                                   (reference or "posted", card.transcript_id))
+            held = await self._store.fetchall(
+                "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL AND (delivered = ? "
+                "OR delivered LIKE 'post failed%') ORDER BY created_at, rowid", (card.transcript_id, WAITING))
+        for entry in held:
+            run_id = int(str(entry["job_id"]).removeprefix("run-"))
+            ticket = await self._repo.get(run_id)
+            row = await self._job(run_id)
+            if ticket is not None and row is not None:
+                await self._post(ticket, row)
+        return reference
+
+    async def _job(self, run_id: int) -> Any:
+        return await self._store.fetchone(
+            "SELECT j.dedupe_key, j.kind, j.label, j.deliver, t.id AS transcript_id, t.conversation_id, "
+            "t.from_number, t.to_number, t.card FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id "
+            "WHERE j.job_id = ?", (f"run-{run_id}",))
+
+    async def _post(self, ticket: RunTicket, row: Any) -> None:
         result = JobResult(ticket, row["kind"], row["label"], row["conversation_id"], row["from_number"],
                            row["to_number"], deliver_channel(row["deliver"], self._default_channel), row["card"])
         try:
@@ -78,9 +124,11 @@ class ListenerDelivery:
             log.warning("run %s (%s for call %s) was not posted: %s", ticket.id, row["kind"], row["conversation_id"],
                         exc)
             where = f"post failed: {str(exc)[:200]}"
+        await self._mark(row["dedupe_key"], where)
+
+    async def _mark(self, key: str, where: str) -> None:
         async with self._store.transaction() as conn:
-            await conn.execute("UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ?",
-                               (where, row["dedupe_key"]))
+            await conn.execute("UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ?", (where, key))
 
 
 KIND_WORDS = {"review": "review", "callback": "callback", "command": "call command"}

@@ -278,6 +278,7 @@ class TranscriptPipeline:
             stages["post"] = "error"
             errors.append({"stage": "post", "message": f"the call card was not posted ({exc})"[:300]})
             return
-        async with self.archive.db.transaction() as conn:
-            await conn.execute("UPDATE transcripts SET card = ? WHERE id = ?", (reference or "posted", tid))
+        async with self.archive.db.transaction() as conn:  # the notifier may have recorded it already
+            await conn.execute("UPDATE transcripts SET card = COALESCE(card, ?) WHERE id = ?", (reference or "posted",
+                                                                                              tid))
         stages["post"] = "ok"

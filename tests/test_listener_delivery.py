@@ -29,6 +29,10 @@ class Poster:
         self.results: list = []
         self.fail = fail
 
+    async def post_card(self, card) -> str:
+        self.results.append(("card", card.conversation_id))
+        return card_reference(DEFAULT_CHANNEL, 100)
+
     async def post_result(self, result) -> str:
         if self.fail:
             raise RuntimeError("Missing Access")
@@ -91,6 +95,30 @@ async def test_each_result_goes_to_its_jobs_target_and_the_review_into_the_archi
     assert call["review"] == "output 1" and call["review_status"] == "done"
     assert [j["delivered"] for j in call["jobs"]] == [f"posted in {DEFAULT_CHANNEL}", f"posted in {OTHER_CHANNEL}",
                                                       "posted in None", f"posted in {DEFAULT_CHANNEL}"]
+
+
+async def test_a_result_that_lands_before_its_card_waits_and_the_card_brings_it_out(store):
+    from bot.listener_delivery import WAITING
+    from listener.pipeline import CallCard
+
+    async with store.transaction() as conn:
+        await conn.execute("UPDATE transcripts SET card = NULL")
+    poster = Poster()
+    delivery = ListenerDelivery(store, Fallback(), poster, default_channel=DEFAULT_CHANNEL)
+    landed = ticket(4, output="booked")
+
+    class Runs:  # the run as the runs service stored it
+        async def get(self, run_id: int):
+            return landed if run_id == 4 else None
+
+    delivery._repo = Runs()
+    await delivery.post_run(landed)
+    assert poster.results == [] and (await Archive(store).show("call_5"))["jobs"][3]["delivered"] == WAITING
+    card = CallCard(1, "call_5", "outbound", "+1", "+2", 10.0, None, 1, (), (("run-4", "command", "book"),))
+    assert await delivery.post_card(card) == card_reference(DEFAULT_CHANNEL, 100)
+    assert poster.results[0] == ("card", "call_5")
+    (result,) = poster.results[1:]
+    assert result.ticket.output == "booked" and result.card == card_reference(DEFAULT_CHANNEL, 100)
 
 
 async def test_a_failed_review_is_recorded_and_a_failed_post_is_kept_not_raised(store):

@@ -101,7 +101,7 @@ class Rig:
 
     def let_agents_answer(self) -> None:
         """The agents (the fake, in `answer --wait-for`) finish only now: after the ack, so after the
-        call card was posted and recorded. (Finishing earlier is a known bug: see the xfail test.)"""
+        call card was posted and recorded (finishing earlier is its own test, below)."""
         self.go.touch()
 
     def event(self, event_id: str, conversation_id: str, direction: str, **extra) -> dict:
@@ -370,7 +370,7 @@ async def test_a_refused_card_fails_the_ack_and_the_redelivery_posts_it_once_wit
         event = rig.event("evt_2", "call_43", "outbound")
         failed = await rig.deliver(event)
         rig.let_agents_answer()
-        await rig.delivered(failed["job_ids"])  # their results meet the same refusal
+        await rig.delivered(failed["job_ids"])  # their results wait for the card
         refused = [c for c in rig.fake.rest_calls("POST", f"/channels/{rig.calls.id}/messages") if c.status == 403]
         rig.fake.state.channel_failures.clear()
         retried = await rig.deliver(event, nth=2)
@@ -383,7 +383,7 @@ async def test_a_refused_card_fails_the_ack_and_the_redelivery_posts_it_once_wit
     (error,) = failed["errors"]
     assert error["stage"] == "post" and "may not post in channel" in error["message"]
     assert failed["job_ids"] == ["run-1", "run-2", "run-3"] and failed["stages"]["memory"] == "1 fact kept, 0 rejected"
-    assert len(refused) == 4  # the card and the three results, each refused with 403
+    assert len(refused) == 1  # the card; the three results wait for it instead of meeting the same refusal
 
     assert retried["success"] is True and retried["errors"] == [] and retried["stages"]["post"] == "ok"
     assert retried["job_ids"] == failed["job_ids"] and len(runs) == 3  # nothing ran twice
@@ -392,9 +392,11 @@ async def test_a_refused_card_fails_the_ack_and_the_redelivery_posts_it_once_wit
     (card,) = cards
     assert fields_of(card["embeds"][0])["jobs"].count("`run-") == 3
     assert json.loads(card_row[0]["card"])["message"] == int(card["id"])
-    assert rig.posted_in(rig.calls) == [card]
-    # The results Discord refused are kept in the execution ledger with why.
-    assert all(j["delivered"].startswith("post failed: the bot may not post in channel") for j in jobs)
+    posted = rig.posted_in(rig.calls)
+    assert posted[0] == card and len(posted) == 4  # the card, then the three results that waited for it
+    for result in posted[1:]:
+        assert_reply_under(rig, result, card)
+    assert all(j["delivered"] == f"posted in channel {rig.calls.id}" for j in jobs), jobs
 
 
 # -- 4: a rotated key, between reconnects, through the whole service ------------------------------------
@@ -484,11 +486,9 @@ async def test_a_callback_for_another_channel_posts_there_with_a_link_to_the_car
     assert fields_of(embed)["card"] == link
 
 
-# -- a known bug -------------------------------------------------------------------------------------
+# -- results that land before their card -----------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="bug: a job that finishes before its call card is recorded is posted "
-                   "as a plain message, never under the card (ListenerDelivery.post_run reads transcripts.card once)")
 async def test_a_result_that_finishes_before_the_card_is_recorded_still_goes_under_the_card(tmp_path, monkeypatch):
     """Without the go signal a fast agent often wins this race by itself; here it always does: the card
     post starts only once the user's command has finished and been delivered."""
@@ -512,4 +512,4 @@ async def test_a_result_that_finishes_before_the_card_is_recorded_still_goes_und
 
     assert ack["success"] is True and ack["job_ids"] == ["run-1"]
     (result,) = [m for m in posted if m is not card]
-    assert_reply_under(rig, result, card)  # fails today: a plain message, before the card, with no link to it
+    assert_reply_under(rig, result, card)  # it waited for the card, then went under it

@@ -63,6 +63,7 @@ class SwitchboardBot(discord.Client):
         self.tree.add_command(TranscriptsGroup(self))
         self.tree.add_command(CallbacksGroup(self))
         self.synced: list[str] = []
+        self.connected = asyncio.Event()  # set at the first READY: the guilds are known
         self.ready_future: asyncio.Future[SwitchboardBot] | None = None
 
     def _runs(self) -> RunService:
@@ -89,6 +90,7 @@ class SwitchboardBot(discord.Client):
             self.ready_future.set_result(self)  # logged in and synced; the gateway opens next
 
     async def on_ready(self) -> None:
+        self.connected.set()
         log.info("connected to Discord as %s (%s) in %d guild(s)", self.user, getattr(self.user, "id", "?"),
                  len(self.guilds))
 
@@ -168,26 +170,35 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     except StoreError as exc:
         print(f"switchboard run: {exc}", file=sys.stderr)
         return EXIT_USAGE
-    poster = DiscordPoster(bot, settings.transcripts_channel_id)
-    runs = RunService(store, runs_config(settings), sink=ListenerDelivery(
-        store, bot.sink, poster, default_channel=settings.transcripts_channel_id))
+    delivery = ListenerDelivery(store, bot.sink, DiscordPoster(bot, settings.transcripts_channel_id),
+                                default_channel=settings.transcripts_channel_id)
+    runs = RunService(store, runs_config(settings), sink=delivery)
     bot.runs = runs
     bot.store = store
     bot.sink.record = lambda run_id, kind, detail: runs.repo.log(run_id, kind, detail, time.time())
     stopping = stopping or asyncio.Event()
     code = EXIT_OK
     stream = None
+    starting = None
     try:
         with stop_on_signals(stopping):
             await runs.start()
-            stream = await _start_listener(settings, store, runs, poster, listener_key)
+            stream = _build_listener(settings, store, runs, delivery, listener_key)
             token = settings.discord_token.get_secret_value()  # type: ignore[union-attr]
             runner = asyncio.create_task(bot.start(token), name="discord")
+            if stream is not None:  # cards and results need the guilds: listen once Discord is ready
+                starting = asyncio.create_task(_start_when_ready(bot, stream), name="listener-start")
             stop_wait = asyncio.create_task(stopping.wait())
             done, _ = await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             if runner in done:
                 code = _start_failure(runner)
             stop_wait.cancel()
+            if starting is not None:
+                starting.cancel()
+                await asyncio.gather(starting, return_exceptions=True)
+            if stream is not None:  # no new calls while leaving; handlers still running are cancelled
+                await stream.stop()
+                stream = None
             await shutdown(bot, runner)
     finally:
         if stream is not None:
@@ -197,8 +208,8 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     return code
 
 
-async def _start_listener(settings: Settings, store, runs: RunService, poster: DiscordPoster, key=None):
-    """The Smartnumbers listener in this process when it is configured; one line says why when not."""
+def _build_listener(settings: Settings, store, runs: RunService, notifier: ListenerDelivery, key=None):
+    """The Smartnumbers listener when it is configured; one line says why when not."""
     from bot.listen import Listener, listener_problem
 
     if settings.listener_key is None:
@@ -207,9 +218,13 @@ async def _start_listener(settings: Settings, store, runs: RunService, poster: D
     if problem := listener_problem(settings):
         print(f"switchboard run: the Smartnumbers listener does not start: {problem}", file=sys.stderr)
         return None
-    listener = Listener(settings, store, runs, notifier=poster, key=key)
+    return Listener(settings, store, runs, notifier=notifier, key=key)
+
+
+async def _start_when_ready(bot: SwitchboardBot, listener) -> None:
+    await bot.connected.wait()
     await listener.start()
-    return listener
+    log.info("Smartnumbers listener started")
 
 
 def _start_failure(runner: asyncio.Task) -> int:

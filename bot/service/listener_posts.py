@@ -34,6 +34,17 @@ class PostError(RuntimeError):
     """A post Discord refused; the message says what to fix."""
 
 
+def lines(items: list[str], limit: int = FIELD_LIMIT) -> str:
+    """One item per line, as many as fit in `limit` characters, then how many more there are."""
+    text = ""
+    for n, item in enumerate(items):
+        more = f"\n… and {len(items) - n} more"
+        if len(text) + len(item) + 1 + len(more) > limit:
+            return text + more
+        text += ("\n" if text else "") + item
+    return text
+
+
 def card_embed(card: CallCard) -> discord.Embed:
     embed = discord.Embed(title=bounded(card_title(card), TITLE_LIMIT - 2), colour=CARD_COLOUR,
                           description=bounded(card_summary(card), DESCRIPTION_LIMIT - 2))
@@ -42,10 +53,9 @@ def card_embed(card: CallCard) -> discord.Embed:
     if card.duration_s:
         embed.add_field(name="length", value=elapsed_words(card.duration_s), inline=True)
     if card.facts:
-        embed.add_field(name="learned", value=bounded("\n".join(f"• {f}" for f in card.facts), FIELD_LIMIT - 2),
-                        inline=False)
-    jobs = "\n".join(f"`{job_id}` {KIND_WORDS.get(kind, kind)}: {bounded(label, 80)}" for job_id, kind, label in card.jobs)
-    embed.add_field(name="jobs", value=bounded(jobs, FIELD_LIMIT - 2) if jobs else "none", inline=False)
+        embed.add_field(name="learned", value=lines([f"• {bounded(f, 200)}" for f in card.facts]), inline=False)
+    jobs = [f"`{job_id}` {KIND_WORDS.get(kind, kind)}: {bounded(label, 80)}" for job_id, kind, label in card.jobs]
+    embed.add_field(name="jobs", value=lines(jobs) if jobs else "none", inline=False)
     embed.set_footer(text=f"call {bounded(card.conversation_id, 80)} · /transcripts show id:{card.transcript_id}")
     return embed
 
