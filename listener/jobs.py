@@ -10,6 +10,7 @@ the short-lived token that lets that one job change callbacks.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,8 +52,12 @@ def call_line(transcript: Transcript) -> str:
             f"{transcript.from_number or '?'} to {transcript.to_number or '?'})")
 
 
+_FENCE = re.compile(r"<\s*/?\s*untrusted-transcript", re.IGNORECASE)
+
+
 def transcript_context(transcript: Transcript, user_label: str | None) -> str:
-    text = numbered_transcript(transcript, user_label)
+    # A turn cannot close the fence early and speak outside it: the fence's own tag is defused inside.
+    text = _FENCE.sub("<_untrusted-transcript", numbered_transcript(transcript, user_label))
     cut = ""
     if len(text) > INLINE_TRANSCRIPT_CHARS:
         text = text[:INLINE_TRANSCRIPT_CHARS]
