@@ -100,7 +100,7 @@ class ListenerDelivery:
                                    (reference or "posted", card.transcript_id))
             held = await self._store.fetchall(
                 "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL AND (delivered = ? "
-                "OR delivered LIKE 'post failed%') ORDER BY created_at, rowid", (card.transcript_id, WAITING))
+                "OR delivered LIKE 'post failed%') ORDER BY rowid", (card.transcript_id, WAITING))
         for entry in held:
             run_id = int(str(entry["job_id"]).removeprefix("run-"))
             ticket = await self._repo.get(run_id)

@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .model import Transcript
+from .model import Transcript, Turn
 
 PACKAGE = "listener"
 SOURCE_TRUST = "external-untrusted"
@@ -181,6 +181,20 @@ class Archive:
                                "WHERE transcript_id = ?", (transcript_id,))
         return Archived(transcript_id, True)
 
+    async def load(self, transcript_id: int) -> tuple[Transcript, str | None]:
+        """The archived call as the model it was stored from, and its user label — what every later step
+        works from, so a redelivery carrying other text can never act on words that were not archived."""
+        row = await self.db.fetchone("SELECT * FROM transcripts WHERE id = ?", (transcript_id,))
+        if row is None:
+            raise ArchiveError(f"no archived call {transcript_id}")
+        turns = await self.db.fetchall(
+            "SELECT turn_index, speaker, text, start_s, end_s, source_turn_id FROM transcript_turns WHERE "
+            "transcript_id = ? ORDER BY turn_index", (transcript_id,))
+        return Transcript(row["conversation_id"], tuple(
+            Turn(t["turn_index"], t["speaker"], t["text"], t["start_s"], t["end_s"], t["source_turn_id"]) for t in turns),
+            source=row["source"], direction=row["direction"], from_number=row["from_number"],
+            to_number=row["to_number"], participants=json.loads(row["participants"] or "{}")), row["user_label"]
+
     async def search(self, query: str, *, conversation_id: str | None = None, speaker: str | None = None,
                      direction: str | None = None, number: str | None = None, since: float | None = None,
                      until: float | None = None, user_only: bool = False, limit: int = 20,
@@ -228,7 +242,7 @@ class Archive:
             "WHERE transcript_id = ? ORDER BY turn_index", (row["id"],))
         jobs = await self.db.fetchall(
             "SELECT kind, label, job_id, state, detail, delivered FROM listener_jobs WHERE transcript_id = ? "
-            "ORDER BY created_at, rowid", (row["id"],))
+            "ORDER BY rowid", (row["id"],))
         facts = await self.db.fetchall("SELECT fact, assertion_turn, confirmation_turn FROM listener_facts WHERE "
                                        "transcript_id = ? ORDER BY id", (row["id"],))
         return {"source_trust": SOURCE_TRUST, "id": row["id"], "conversation_id": row["conversation_id"],

@@ -53,13 +53,18 @@ class FactExtractor:
             raise ExtractionError(f"the text model answered HTTP {response.status_code}: {_error_text(response)}")
         try:
             message = response.json()["choices"][0]["message"]
+            if not isinstance(message, dict):
+                raise TypeError
         except (ValueError, KeyError, IndexError, TypeError):
             raise ExtractionError("the text model's answer is not a chat completion") from None
         if message.get("refusal"):
             raise ExtractionError(f"the text model refused: {str(message['refusal'])[:200]}")
+        content = message.get("content")
         try:
-            return json.loads(message.get("content") or "")
-        except ValueError:
+            if not isinstance(content, str):
+                raise TypeError
+            return json.loads(content)
+        except (ValueError, TypeError):
             raise ExtractionError("the text model's answer is not the JSON the schema asks for") from None
 
     async def aclose(self) -> None:

@@ -13,10 +13,11 @@ local direction mapping, never from the payload.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ from .transcript import TranscriptError, parse_transcript
 log = logging.getLogger(__name__)
 
 Download = Callable[[str, str | None], Awaitable[bytes]]
+STALE_CLAIM_S = 600.0  # a claim with no job this old was left by a crash mid-start: it may be taken again
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class TranscriptPipeline:
         self._notifier = notifier
         self._auto_review = auto_review
         self._clock = clock
+        self._locks: dict[str, list] = {}  # conversation id -> [lock, users]
 
     async def handle(self, event: dict[str, Any]) -> dict[str, Any]:
         """The ack body for one event: success, per-stage results, errors, and every job id known."""
@@ -119,19 +122,42 @@ class TranscriptPipeline:
                                     outbound=self._labels["outbound"])
         text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw if isinstance(raw, str) \
             else json.dumps(raw)
-        archived = await self.archive.archive(transcript, text, received_at=self._clock(), user_label=user_label)
-        stages["archive"] = "ok" if archived.created else "already archived"
-        tid = archived.transcript_id
-        await asyncio.gather(self._remember(transcript, tid, user_label, stages, errors),
-                             self._dispatch_all(transcript, tid, user_label, stages, errors))
-        job_ids = await self.job_ids(tid)
-        await self._card(transcript, tid, stages, errors)
+        async with self._conversation(conversation_id):  # two deliveries of one call never interleave
+            archived = await self.archive.archive(transcript, text, received_at=self._clock(), user_label=user_label)
+            stages["archive"] = "ok" if archived.created else "already archived"
+            tid = archived.transcript_id
+            if not archived.created:  # act only on what was archived, whatever this delivery carried
+                transcript, user_label = await self.archive.load(tid)
+            outcomes = await asyncio.gather(self._remember(transcript, tid, user_label, stages, errors),
+                                            self._dispatch_all(transcript, tid, user_label, stages, errors),
+                                            return_exceptions=True)
+            for stage, outcome in zip(("memory", "jobs"), outcomes, strict=True):
+                if isinstance(outcome, BaseException):
+                    if isinstance(outcome, asyncio.CancelledError):
+                        raise outcome
+                    log.error("call %s: the %s step failed", conversation_id, stage, exc_info=outcome)
+                    stages[stage] = "error"
+                    errors.append({"stage": stage, "message": f"{type(outcome).__name__}: {outcome}"[:300]})
+            job_ids = await self.job_ids(tid)
+            await self._card(transcript, tid, stages, errors)
         return ack(job_ids)
+
+    @contextlib.asynccontextmanager
+    async def _conversation(self, conversation_id: str) -> AsyncIterator[None]:
+        entry = self._locks.setdefault(conversation_id, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                yield
+        finally:
+            entry[1] -= 1
+            if entry[1] == 0:
+                del self._locks[conversation_id]
 
     async def job_ids(self, transcript_id: int) -> list[str]:
         rows = await self.archive.db.fetchall(
-            "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL ORDER BY created_at, "
-            "rowid", (transcript_id,))
+            "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL ORDER BY rowid",
+            (transcript_id,))
         return [row["job_id"] for row in rows]
 
     # -- memory ------------------------------------------------------------------------------------
@@ -151,12 +177,14 @@ class TranscriptPipeline:
             return
         try:
             answer = await self._extractor.extract(transcript, user_label)
-        except ExtractionError as exc:
+            checked = validate(answer, transcript, user_label)
+        except Exception as exc:  # the model or its answer: the next delivery asks again
             await self.memory.mark(tid, "error")
             stages["memory"] = "error"
-            errors.append({"stage": "memory", "message": str(exc)[:300]})
+            message = str(exc) if isinstance(exc, ExtractionError) else f"the model's answer was unusable " \
+                f"({type(exc).__name__})"
+            errors.append({"stage": "memory", "message": message[:300]})
             return
-        checked = validate(answer, transcript, user_label)
         for rejected in checked.rejected:
             log.info("call %s: fact not kept (%s)", transcript.conversation_id, rejected.reason)
         added = await self.memory.save(tid, checked.accepted)
@@ -216,6 +244,9 @@ class TranscriptPipeline:
             await self._settle(job.key, None, "error", f"{type(exc).__name__}: {exc}")
             errors.append({"stage": job.kind, "message": f"{what}: could not start it ({exc})"[:300]})
             return "error"
+        except BaseException:  # cancelled (shutting down) mid-start: leave the slot retryable
+            await asyncio.shield(self._settle(job.key, None, "error", "interrupted while starting"))
+            raise
         await self._settle(job.key, job_id, "started", "")
         return "started"
 
@@ -226,15 +257,18 @@ class TranscriptPipeline:
     async def _claim(self, job: Job, tid: int) -> bool:
         """Atomically claim a job slot; an `error` claim may be taken again (a retry)."""
         async with self.archive.db.transaction() as conn:
-            async with conn.execute("SELECT state FROM listener_jobs WHERE dedupe_key = ?", (job.key,)) as cursor:
+            async with conn.execute("SELECT state, job_id, created_at FROM listener_jobs WHERE dedupe_key = ?",
+                                    (job.key,)) as cursor:
                 row = await cursor.fetchone()
             if row is None:
                 await conn.execute("INSERT INTO listener_jobs (dedupe_key, transcript_id, kind, label, deliver, "
                                    "created_at) VALUES (?, ?, ?, ?, ?, ?)",
                                    (job.key, tid, job.kind, job.label[:200], job.deliver, self._clock()))
                 return True
-            if row[0] == "error":
-                await conn.execute("UPDATE listener_jobs SET state = 'claimed' WHERE dedupe_key = ?", (job.key,))
+            stale = row[0] == "claimed" and row[1] is None and row[2] < self._clock() - STALE_CLAIM_S
+            if row[0] == "error" or stale:  # a failed start, or one a crash left half-done
+                await conn.execute("UPDATE listener_jobs SET state = 'claimed', created_at = ? WHERE dedupe_key = ?",
+                                   (self._clock(), job.key))
                 return True
             return False
 
@@ -262,7 +296,7 @@ class TranscriptPipeline:
             return
         jobs = await self.archive.db.fetchall(
             "SELECT job_id, kind, label FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL "
-            "ORDER BY created_at, rowid", (tid,))
+            "ORDER BY rowid", (tid,))
         facts = await self.archive.db.fetchall("SELECT fact FROM listener_facts WHERE transcript_id = ? ORDER BY id",
                                                (tid,))
         ends = [t.end_s for t in transcript.turns if t.end_s is not None]
