@@ -26,7 +26,7 @@ from .callbacks import Callbacks, MutationTokens
 from .commands import find_commands
 from .download import TranscriptDownloadError
 from .extract import ExtractionError, FactExtractor
-from .jobs import Job, JobStarter, callback_job, command_job, review_job
+from .jobs import Job, JobStarter, about_callbacks, callback_job, command_job, review_job
 from .memory import Memory, validate
 from .model import Transcript, user_label_for
 from .transcript import TranscriptError, parse_transcript
@@ -222,7 +222,7 @@ class TranscriptPipeline:
         started = 0
         for command in commands:
             token = None
-            if self._jobs is not None and not await self._claimed_done(command.dedupe_key):
+            if self._jobs is not None and about_callbacks(command.text) and not await self._claimed_done(command.dedupe_key):
                 token = await self.tokens.issue(command.dedupe_key)
             outcome = await self._dispatch(command_job(command, transcript, user_label, token), tid, errors,
                                            f"turn {command.turn_index + 1}'s command")

@@ -41,7 +41,7 @@ CALL = """1
 
 2
 [00:00:04,000 --> 00:00:07,000]
-**FROM**: Hi. Ares, add the cleaning on Tuesday at nine to my calendar.
+**FROM**: Hi. Ares, add the cleaning on Tuesday at nine to my calendar, and add a callback that does that after every call.
 """
 
 
@@ -128,7 +128,7 @@ async def test_a_call_is_archived_learned_from_its_jobs_run_and_the_next_session
         facts = db.execute("SELECT fact FROM listener_facts").fetchall()
     (_, review_task, review_out), (_, notes_task, notes_out), (_, command_task, command_out) = runs
     assert "Summarise the call." in review_task and "Note who called." in notes_task
-    assert "add the cleaning on Tuesday at nine to my calendar." in command_task  # FROM is the user (outbound)
+    assert "add the cleaning on Tuesday at nine to my calendar, and add a callback" in command_task  # FROM: the user
     assert "cancel everything" not in command_task
     # Each agent got the call as fenced, untrusted data; only the named command got a token, and it
     # was scrubbed from what the run reported.
