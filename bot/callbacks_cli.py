@@ -1,10 +1,12 @@
 """`switchboard callbacks …`: what runs after each phone call — the review and the callbacks.
 
-Reading (`list`, `review show`) is open. A change needs authority: the person at the terminal
-(stdin is a terminal), or a named-command run's short-lived token (`--token`, or
-SWITCHBOARD_CALLBACK_TOKEN in the environment). A callback run is never given one, and an agent
-started by Switchboard has no terminal, so a callback or a caller cannot rewrite future callbacks.
-Exit codes: 0 ok, 1 the store failed, 2 usage or a refused change (nothing saved), 3 no authority.
+Reading (`list`, `review show`) is open. A change here needs a named-command run's short-lived
+token (`--token`, or SWITCHBOARD_CALLBACK_TOKEN): this is the door a background agent uses when you
+asked it, during a call, to change what runs after calls. There is no "at a terminal" exception —
+any process can fake a terminal. People change callbacks in Discord (`/callbacks`, operators), by
+voice (`transcript_review_config`: in `switchboard talk`, or in a Discord call as an operator), or
+by asking during a phone call ("Ares, add a callback that …").
+Exit codes: 0 ok, 1 the store failed, 2 usage or a refused change (nothing saved), 3 no token.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from .settings import Settings
 from .store import StoreError
 
 TOKEN_VARIABLE = "SWITCHBOARD_CALLBACK_TOKEN"
-EXIT_NO_AUTHORITY = 3
+EXIT_NO_AUTHORITY = 3  # no valid token
 
 
 def add_parser(subparsers: Any) -> None:
@@ -71,7 +73,7 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = None, err: TextIO | None = None,
-               at_terminal: bool | None = None, environ: dict[str, str] | None = None) -> int:
+               environ: dict[str, str] | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
     if problem := home_problem(settings.home):
         print(f"switchboard callbacks: {problem}", file=err)
@@ -87,12 +89,12 @@ async def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | No
         if changing:
             env = os.environ if environ is None else environ
             token = getattr(args, "token", None) or env.get(TOKEN_VARIABLE)
-            terminal = sys.stdin.isatty() if at_terminal is None else at_terminal
-            if not terminal and not await MutationTokens(store).valid(token):
-                print("switchboard callbacks: refused: changing callbacks needs the person at a terminal, or a "
-                      "valid token that only a named-command run is given" + (" (that token is not valid or has "
-                                                                              "expired)" if token else ""),
-                      file=err)
+            if not await MutationTokens(store).valid(token):
+                print("switchboard callbacks: refused: "
+                      + ("that token is not valid or has expired" if token else "changing callbacks here needs the "
+                         "token a named-command run is given")
+                      + "; change them in Discord (/callbacks), by voice (switchboard talk: \"set my call review to "
+                      "…\"), or during a phone call (\"Ares, add a callback that …\")", file=err)
                 return EXIT_NO_AUTHORITY
         try:
             result = await review_config(Callbacks(store), request)

@@ -102,7 +102,7 @@ async def review_config(callbacks: Callbacks, args: dict[str, Any]) -> dict[str,
         return {"review": review.as_dict() if review else None,
                 "summary": "no review instructions are set" if review is None else "the review runs after each call"}
     if action == "set":
-        review = await callbacks.set_review(str(args.get("instructions") or ""), deliver)
+        review = await callbacks.set_review(args.get("instructions"), deliver)
         return {"review": review.as_dict(), "summary": "the review instructions are saved"}
     if action == "clear":
         cleared = await callbacks.clear_review()
@@ -110,17 +110,16 @@ async def review_config(callbacks: Callbacks, args: dict[str, Any]) -> dict[str,
     if action == "list":
         return {"callbacks": [c.as_dict() for c in await callbacks.list()]}
     if action == "register":
-        made = await callbacks.register(str(args.get("id") or ""), str(args.get("name") or ""),
-                                        str(args.get("instructions") or ""), deliver)
+        made = await callbacks.register(args.get("id"), args.get("name"), args.get("instructions"), deliver)
         return {"callback": made.as_dict(), "summary": f"callback {made.id} is registered"}
     if action == "update":
-        changed = await callbacks.update(str(args.get("id") or ""), name=args.get("name"),
+        changed = await callbacks.update(args.get("id"), name=args.get("name"),
                                          instructions=args.get("instructions"), deliver=deliver)
         return {"callback": changed.as_dict(), "summary": f"callback {changed.id} is now revision {changed.revision}"}
     if action in ("enable", "disable"):
-        changed = await callbacks.set_enabled(str(args.get("id") or ""), action == "enable")
+        changed = await callbacks.set_enabled(args.get("id"), action == "enable")
         return {"callback": changed.as_dict(), "summary": f"callback {changed.id} is {action}d"}
     if action == "remove":
-        removed = await callbacks.remove(str(args.get("id") or ""))
+        removed = await callbacks.remove(args.get("id"))
         return {"summary": f"callback {removed.id} is removed"}
     raise CallbackError(f"unknown action {action!r}; use one of {', '.join(CONFIG_ACTIONS)}")

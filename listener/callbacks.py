@@ -58,7 +58,7 @@ class Callback:
 
 def check_deliver(value: str | None) -> str:
     """The normalised deliver target ("" = default) or CallbackError saying what is accepted."""
-    text = (value or "").strip()
+    text = _string(value, "deliver")
     if text in ("", "default"):
         return ""
     if text.lower() == "local":
@@ -82,8 +82,14 @@ def deliver_channel(deliver: str, default_channel: int | None) -> int | None:
     return default_channel
 
 
+def _string(value: object, what: str) -> str:
+    if value is not None and not isinstance(value, str):
+        raise CallbackError(f"{what} must be text, not {type(value).__name__}")
+    return (value or "").strip()
+
+
 def check_id(value: str | None) -> str:
-    text = (value or "").strip().lower()
+    text = _string(value, "the callback id").lower()
     if not _ID.fullmatch(text):
         raise CallbackError(f"callback id {value!r} is not valid: use 1-40 lowercase letters, digits, - or _ "
                             "(e.g. calendar-events)")
@@ -91,7 +97,7 @@ def check_id(value: str | None) -> str:
 
 
 def _text(value: str | None, what: str, limit: int) -> str:
-    text = (value or "").strip()
+    text = _string(value, what)
     if not text:
         raise CallbackError(f"the callback needs {what}")
     if len(text) > limit:

@@ -62,20 +62,35 @@ async def transcript_server() -> tuple[web.AppRunner, str, list[str]]:
     return runner, f"http://127.0.0.1:{port}/calls/call_42.md?sig=presigned-secret", seen
 
 
-async def callbacks_cli(home: Path, *argv: str, at_terminal: bool) -> int:
+async def callbacks_cli(home: Path, *argv: str) -> int:
     settings = check_settings({"SWITCHBOARD_HOME": str(home)}).settings
     args = build_parser().parse_args(["callbacks", *argv])
-    return await callbacks_main(args, settings, at_terminal=at_terminal, environ={})
+    return await callbacks_main(args, settings, environ={})
+
+
+async def named_command_token(home: Path) -> str:
+    """A token as the service issues one to a named-command run."""
+    from bot.compose import STORE_MIGRATIONS
+    from bot.store import open_store
+    from listener.callbacks import MutationTokens
+
+    store = await open_store(home, STORE_MIGRATIONS)
+    try:
+        return await MutationTokens(store).issue('["call_0","index",0,0]')
+    finally:
+        await store.close()
 
 
 async def test_a_call_is_archived_learned_from_its_jobs_run_and_the_next_session_knows_it(tmp_path):
     runner, url, seen = await transcript_server()
     home = tmp_path / "home"
-    # Without a terminal or a token nothing changes; the person at the terminal may.
-    assert await callbacks_cli(home, "review", "set", "Summarise the call.", at_terminal=False) == 3
-    assert await callbacks_cli(home, "review", "set", "Summarise the call.", at_terminal=True) == 0
+    # Without a valid token nothing changes; with a named-command run's token it does.
+    assert await callbacks_cli(home, "review", "set", "Summarise the call.") == 3
+    assert await callbacks_cli(home, "review", "set", "Summarise the call.", "--token", "sbt_forged") == 3
+    token = await named_command_token(home)
+    assert await callbacks_cli(home, "review", "set", "Summarise the call.", "--token", token) == 0
     assert await callbacks_cli(home, "register", "notes", "Notes", "Note who called.", "--deliver", "local",
-                               at_terminal=True) == 0
+                               "--token", token) == 0
     try:
         async with FakeSmartnumbers(key=KEY) as stream, FakeTextModel(key=TEXT_KEY, model="gpt-test") as text_model:
             text_model.answer = lambda body: {"facts": [FACT, PLANTED]}

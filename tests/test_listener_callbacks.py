@@ -133,3 +133,18 @@ def test_the_listener_key_is_read_afresh_from_the_env_file_and_the_environment_w
     assert rotating_key(env, environ={"TRANSCRIPT_LISTENER_API_KEY": "from-env"})() == "from-env"
     env.unlink()
     assert key() is None  # the file is gone and the environment has none: nothing is sent, the client retries
+
+
+@pytest.mark.parametrize("args", [
+    {"action": "register", "id": 7, "name": "N", "instructions": "x"},
+    {"action": "register", "id": "a", "name": ["N"], "instructions": "x"},
+    {"action": "register", "id": "a", "name": "N", "instructions": "x", "deliver": 5},
+    {"action": "set", "instructions": {"x": 1}},
+    {"action": "remove", "id": None},
+])
+async def test_model_arguments_that_are_not_text_are_refused_not_crashed(store, args):
+    from bot.listener_tools import review_config
+
+    with pytest.raises(CallbackError):
+        await review_config(Callbacks(store), args)
+    assert await Callbacks(store).list() == []
