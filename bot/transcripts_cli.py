@@ -33,10 +33,20 @@ def add_parser(subparsers: Any) -> None:
     search.add_argument("--speaker", help="only turns by this speaker label (e.g. TO, FROM)")
     search.add_argument("--direction", choices=("inbound", "outbound"), help="only inbound or outbound calls")
     search.add_argument("--number", help="only calls from or to this phone number")
+    search.add_argument("--since", type=_date, metavar="YYYY-MM-DD", help="only calls received on or after this day")
+    search.add_argument("--until", type=_date, metavar="YYYY-MM-DD", help="only calls received before this day")
     show = actions.add_parser("show", help="one call, every turn")
     show.add_argument("ref", metavar="ID", help="the archive id or the conversation id")
     for action in (search, show):
         action.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def _date(text: str) -> float:
+    """A local calendar day as the epoch seconds of its start (argparse says what was wrong)."""
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%d"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a day; use YYYY-MM-DD, e.g. 2026-12-01") from None
 
 
 def run(args: argparse.Namespace, settings: Settings) -> int:
@@ -54,6 +64,7 @@ async def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | No
             if args.transcripts_command == "search":
                 found = await calls.search(" ".join(args.query), conversation_id=args.conversation,
                                            speaker=args.speaker, direction=args.direction, number=args.number,
+                                           since=args.since, until=args.until,
                                            limit=args.limit, offset=args.offset)
                 _print_search(found, args.json, out)
             else:

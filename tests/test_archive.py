@@ -120,6 +120,15 @@ async def test_the_cli_searches_and_shows_with_json_and_says_what_to_do(archive,
     out = io.StringIO()
     assert await main(parse("show", "call_2"), settings, out=out, err=err) == 0
     assert "untrusted" in out.getvalue() and "FROM (you): Ares, add the plumber visit" in out.getvalue()
+    out = io.StringIO()
+    assert await main(parse("search", "plumber", "--since", "2999-01-01", "--json"), settings, out=out, err=err) == 0
+    assert json.loads(out.getvalue())["results"] == []  # every call here was received before that day
+    out = io.StringIO()
+    assert await main(parse("search", "plumber", "--since", "2025-06-01", "--until", "2025-07-01", "--json"), settings,
+                      out=out, err=err) == 0
+    assert len(json.loads(out.getvalue())["results"]) == 2  # mid-June 2025
+    with pytest.raises(SystemExit):
+        parse("search", "plumber", "--until", "yesterday")
     err = io.StringIO()
     assert await main(parse("show", "404"), settings, out=io.StringIO(), err=err) == 2
     assert err.getvalue().startswith("switchboard transcripts: no archived call '404'")
