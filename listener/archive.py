@@ -231,8 +231,9 @@ class Archive:
     async def show(self, ref: str | int) -> dict[str, Any]:
         """One archived call by archive id or conversation id, with every turn."""
         row = None
-        if isinstance(ref, int) or str(ref).isdigit():
-            row = await self.db.fetchone("SELECT * FROM transcripts WHERE id = ?", (int(ref),))
+        text = str(ref).strip().lstrip("#")
+        if isinstance(ref, int) and 0 < ref < 1 << 62 or text.isascii() and text.isdigit() and len(text) <= 18:
+            row = await self.db.fetchone("SELECT * FROM transcripts WHERE id = ?", (int(text),))
         if row is None:
             row = await self.db.fetchone("SELECT * FROM transcripts WHERE conversation_id = ?", (str(ref),))
         if row is None:

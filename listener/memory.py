@@ -109,8 +109,9 @@ def numbered_transcript(transcript: Transcript, user_label: str | None) -> str:
 
 
 def extraction_messages(transcript: Transcript, user_label: str | None) -> list[dict[str, str]]:
-    meta = (f"Call {transcript.conversation_id}, {transcript.direction or 'direction unknown'}, from "
-            f"{transcript.from_number or '?'} to {transcript.to_number or '?'}.")
+    meta = "Call " + json.dumps({"conversation": transcript.conversation_id[:64], "direction": transcript.direction,
+                                  "from": (transcript.from_number or "")[:32], "to": (transcript.to_number or "")[:32]},
+                                 ensure_ascii=False) + "."
     return [{"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": f"{meta}\n\n<transcript>\n{numbered_transcript(transcript, user_label)}\n"
                                         "</transcript>"}]

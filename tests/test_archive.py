@@ -164,3 +164,9 @@ async def test_transcript_search_is_a_read_only_voice_tool_anyone_may_use(archiv
     assert [r["conversation_id"] for r in found["results"]] == ["call_2", "call_2"]
     empty = json.loads((await catalogue.run("c2", "transcript_search", json.dumps({"query": "?!"}))).output)
     assert "no words" in empty["error"]
+
+
+@pytest.mark.parametrize("ref", ["99999999999999999999999", "\u00b2", "#", "", "-1", " 1 x"])
+async def test_an_id_that_is_not_one_is_a_clear_miss_not_a_crash(archive, ref):
+    with pytest.raises(ArchiveError, match="no archived call"):
+        await archive.show(ref)

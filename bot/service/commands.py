@@ -39,6 +39,19 @@ async def _refuse(interaction: discord.Interaction, text: str) -> None:
         await interaction.response.send_message(embed=refusal_embed(text), ephemeral=True)
 
 
+async def in_home_guild(bot: SwitchboardBot, interaction: discord.Interaction) -> bool:
+    """Runs and phone calls are the owner's: only in a server, and only in SWITCHBOARD_GUILD_IDS when it
+    is set. Refuses (ephemerally) and returns False anywhere else — a DM, another server the bot is in."""
+    guild_id = interaction.guild_id
+    allowed = bot.settings.guild_ids
+    if guild_id is not None and (not allowed or guild_id in allowed):
+        return True
+    where = "in a direct message" if guild_id is None else "in this server"
+    await _refuse(interaction, f"This is not available {where}: it belongs to the server Switchboard serves"
+                  + (" (SWITCHBOARD_GUILD_IDS)." if allowed else "."))
+    return False
+
+
 class TalkGroup(app_commands.Group):
     def __init__(self, bot: SwitchboardBot) -> None:
         super().__init__(name="talk", description="Talk with the assistant in a voice channel", guild_only=True)
@@ -89,8 +102,11 @@ class TalkGroup(app_commands.Group):
 
 class RunsGroup(app_commands.Group):
     def __init__(self, bot: SwitchboardBot) -> None:
-        super().__init__(name="runs", description="Background runs: list, show, stop")
+        super().__init__(name="runs", description="Background runs: list, show, stop", guild_only=True)
         self.bot = bot
+
+    async def interaction_check(self, interaction: discord.Interaction) -> bool:
+        return await in_home_guild(self.bot, interaction)
 
     async def _run_numbers(self, interaction: discord.Interaction, current: int | str | None
                            ) -> list[app_commands.Choice[int]]:

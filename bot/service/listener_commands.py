@@ -21,7 +21,7 @@ from bot.runs.speech import bounded
 from listener.archive import Archive, ArchiveError
 from listener.callbacks import Callback, CallbackError, Callbacks, check_deliver
 
-from .commands import _operator_refusal, _refuse
+from .commands import _operator_refusal, _refuse, in_home_guild
 from .embeds import DESCRIPTION_LIMIT, FIELD_LIMIT, MESSAGE_LIMIT, OK, TITLE_LIMIT, info_embed
 
 if TYPE_CHECKING:
@@ -113,8 +113,11 @@ def call_embed(call: dict[str, Any], pages: list[str], page: int, review: str | 
 
 class TranscriptsGroup(app_commands.Group):
     def __init__(self, bot: SwitchboardBot) -> None:
-        super().__init__(name="transcripts", description="Archived phone calls: search, show")
+        super().__init__(name="transcripts", description="Archived phone calls: search, show", guild_only=True)
         self.bot = bot
+
+    async def interaction_check(self, interaction: discord.Interaction) -> bool:
+        return await in_home_guild(self.bot, interaction)
 
     def _archive(self) -> Archive:
         assert self.bot.store is not None, "the store opens before the gateway"
@@ -206,8 +209,12 @@ def callback_embed(callback: Callback, action: str, user_id: int, default_channe
 
 class CallbacksGroup(app_commands.Group):
     def __init__(self, bot: SwitchboardBot) -> None:
-        super().__init__(name="callbacks", description="Post-call callbacks: what runs after each phone call")
+        super().__init__(name="callbacks", description="Post-call callbacks: what runs after each phone call",
+                         guild_only=True)
         self.bot = bot
+
+    async def interaction_check(self, interaction: discord.Interaction) -> bool:
+        return await in_home_guild(self.bot, interaction)
 
     def _callbacks(self) -> Callbacks:
         assert self.bot.store is not None, "the store opens before the gateway"
