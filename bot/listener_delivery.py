@@ -145,9 +145,9 @@ class TerminalPoster:
         out = self._stream or sys.stderr
         print(f"\n── {card_title(card)}: {card_summary(card)}", file=out)
         for fact in card.facts:
-            print(f"   learned: {fact}", file=out)
+            print(f"   learned: {printable(fact)}", file=out)
         for job_id, kind, label in card.jobs:
-            print(f"   {job_id}: {KIND_WORDS.get(kind, kind)} \u201c{bounded(label, 80)}\u201d", file=out)
+            print(f"   {job_id}: {KIND_WORDS.get(kind, kind)} \u201c{printable(bounded(label, 80))}\u201d", file=out)
         out.flush()
         return None
 
@@ -155,29 +155,42 @@ class TerminalPoster:
         out = self._stream or sys.stderr
         ticket = result.ticket
         took = elapsed_words(ticket.elapsed(ticket.finished_at or ticket.updated_at))
-        print(f"\n── {KIND_WORDS.get(result.kind, result.kind)} \u201c{bounded(result.label, 60)}\u201d for call "
-              f"{result.conversation_id} {STATE_WORDS[ticket.state]} after {took} (run {ticket.id})", file=out)
+        print(f"\n── {KIND_WORDS.get(result.kind, result.kind)} \u201c{printable(bounded(result.label, 60))}\u201d for "
+              f"call {printable(bounded(result.conversation_id, 64))} {STATE_WORDS[ticket.state]} after {took} "
+              f"(run {ticket.id})", file=out)
         if result.channel_id is not None:
             print(f"   (meant for Discord channel {result.channel_id}; `switchboard run` posts there)", file=out)
         body = ticket.output or ticket.error or ""
         if body:
-            print(body if len(body) <= self._output_chars else
-                  body[: self._output_chars] + f"\n   … (`switchboard runs show {ticket.id}` has the rest)", file=out)
+            print(printable(body) if len(body) <= self._output_chars else
+                  printable(body[: self._output_chars]) + f"\n   … (`switchboard runs show {ticket.id}` has the rest)",
+                  file=out)
         out.flush()
         return "terminal"
+
+
+def number(value: str | None) -> str:
+    """A phone number from the payload, printable and bounded (it is the caller's data)."""
+    text = "".join(c for c in (value or "") if c.isprintable())
+    return bounded(text, 40) or "?"
 
 
 def card_title(card: CallCard) -> str:
     arrow = {"inbound": "Call from", "outbound": "Call to"}.get(card.direction or "")
     other = card.from_number if card.direction == "inbound" else card.to_number
-    return f"{arrow} {other or 'an unknown number'}" if arrow else f"Call {card.from_number or '?'} \u2192 " \
-        f"{card.to_number or '?'}"
+    return f"{arrow} {number(other) if other else 'an unknown number'}" if arrow else \
+        f"Call {number(card.from_number)} \u2192 {number(card.to_number)}"
 
 
 def card_summary(card: CallCard) -> str:
     length = f"{elapsed_words(card.duration_s)}, " if card.duration_s else ""
-    return (f"{card.from_number or '?'} \u2192 {card.to_number or '?'}, {card.direction or 'direction unknown'}, "
+    return (f"{number(card.from_number)} \u2192 {number(card.to_number)}, {card.direction or 'direction unknown'}, "
             f"{length}{card.turns} turns, {len(card.jobs)} job{'s' * (len(card.jobs) != 1)}")
+
+
+def printable(text: str) -> str:
+    """Caller text for a terminal: no control characters (no ANSI escapes), newlines kept."""
+    return "".join(c if c.isprintable() or c == "\n" else "\ufffd" for c in text)
 
 
 def card_reference(channel_id: int, message_id: int) -> str:

@@ -168,3 +168,20 @@ async def test_searching_is_open_and_changing_what_runs_after_calls_is_the_opera
     bad = await run("transcript_review_config", {"action": "register", "id": "x", "name": "X", "instructions": "y",
                                                  "deliver": "telegram"}, frozenset({OPERATOR}))
     assert "not one Switchboard knows" in bad["error"]
+
+
+def test_a_card_fits_discord_whatever_the_call_holds_and_caller_text_stays_text():
+    from bot.service.listener_posts import card_embed
+    from listener.pipeline import CallCard
+
+    loud = "@everyone [click](https://evil.example) **now** <@123456789012345678> "
+    card = CallCard(7, loud * 20, "inbound", "+1 555 " * 50, loud * 30, 1.0, 3600.0, 400,
+                    tuple(loud * 5 for _ in range(40)), tuple((f"run-{i}", "callback", loud * 4) for i in range(60)))
+    embed = card_embed(card)
+    data = embed.to_dict()
+    assert len(embed) <= 6000 and len(data["title"]) <= 256 and len(data["description"]) <= 4096
+    assert all(len(f["value"]) <= 1024 and len(f["name"]) <= 256 for f in data["fields"])
+    shown = str(data)
+    assert "@everyone" not in shown.replace("@\u200beveryone", "") and "[click](" not in shown
+    fields = {f["name"]: f["value"] for f in data["fields"]}
+    assert fields["jobs"].split("\n")[-1].startswith("… and ") and fields["learned"].count("\n") >= 1

@@ -9,6 +9,7 @@ the next delivery of the event posts it again; a failed result is kept in the ex
 from __future__ import annotations
 
 import logging
+import re
 
 import discord
 
@@ -23,7 +24,7 @@ from bot.listener_delivery import (
 from bot.runs.speech import STATE_WORDS, bounded, elapsed_words
 from listener.pipeline import CallCard
 
-from .embeds import COLOURS, DESCRIPTION_LIMIT, FIELD_LIMIT, TITLE_LIMIT
+from .embeds import COLOURS, FIELD_LIMIT, MESSAGE_LIMIT, TITLE_LIMIT
 
 log = logging.getLogger(__name__)
 
@@ -46,32 +47,43 @@ def lines(items: list[str], limit: int = FIELD_LIMIT) -> str:
 
 
 def card_embed(card: CallCard) -> discord.Embed:
-    embed = discord.Embed(title=bounded(card_title(card), TITLE_LIMIT - 2), colour=CARD_COLOUR,
-                          description=bounded(card_summary(card), DESCRIPTION_LIMIT - 2))
+    embed = discord.Embed(title=bounded(plain(card_title(card)), TITLE_LIMIT - 40), colour=CARD_COLOUR,
+                          description=bounded(plain(card_summary(card)), 1000))
     embed.add_field(name="when", value=f"<t:{int(card.received_at)}:f>", inline=True)
     embed.add_field(name="direction", value=card.direction or "unknown", inline=True)
     if card.duration_s:
         embed.add_field(name="length", value=elapsed_words(card.duration_s), inline=True)
     if card.facts:
-        embed.add_field(name="learned", value=lines([f"• {bounded(f, 200)}" for f in card.facts]), inline=False)
-    jobs = [f"`{job_id}` {KIND_WORDS.get(kind, kind)}: {bounded(label, 80)}" for job_id, kind, label in card.jobs]
+        embed.add_field(name="learned", value=lines([f"• {bounded(plain(f), 200)}" for f in card.facts]), inline=False)
+    jobs = [f"`{job_id}` {KIND_WORDS.get(kind, kind)}: {bounded(plain(label), 80)}" for job_id, kind, label in card.jobs]
     embed.add_field(name="jobs", value=lines(jobs) if jobs else "none", inline=False)
-    embed.set_footer(text=f"call {bounded(card.conversation_id, 80)} · /transcripts show id:{card.transcript_id}")
+    embed.set_footer(text=f"call {bounded(plain(card.conversation_id), 80)} · /transcripts show id:{card.transcript_id}")
+    assert len(embed) <= MESSAGE_LIMIT, len(embed)
     return embed
+
+
+_MARKDOWN = re.compile(r"([\\*_~`|>\[\]()#-])")
+
+
+def plain(text: str) -> str:
+    """Caller text shown as text: every markdown character escaped (no masked link, heading or bold
+    takes effect) and mentions broken (nobody is pinged or named by it)."""
+    return discord.utils.escape_mentions(_MARKDOWN.sub(r"\\\1", text))
 
 
 def result_embed(result: JobResult, *, description_limit: int = 3500) -> discord.Embed:
     ticket = result.ticket
     kind = KIND_WORDS.get(result.kind, result.kind)
-    title = f"{kind.capitalize()}: {result.label}" if result.kind != "command" else f"Call command: {result.label}"
-    embed = discord.Embed(title=bounded(title, TITLE_LIMIT - 2), colour=COLOURS[ticket.state])
+    head = f"{kind.capitalize()}: " if result.kind != "command" else "Call command: "
+    embed = discord.Embed(title=head + bounded(plain(result.label), TITLE_LIMIT - 40 - len(head)),
+                          colour=COLOURS[ticket.state])
     body = (ticket.output or ticket.error or "").strip()
     if len(body) > description_limit:
         body = body[: description_limit - 80].rstrip() + f"\n… cut here; `/runs show {ticket.id}` pages the rest"
     embed.description = body or None
     embed.add_field(name="state", value=STATE_WORDS[ticket.state], inline=True)
     embed.add_field(name="run", value=str(ticket.id), inline=True)
-    embed.add_field(name="call", value=bounded(result.conversation_id, 100), inline=True)
+    embed.add_field(name="call", value=bounded(plain(result.conversation_id), 100), inline=True)
     return embed
 
 
