@@ -13,8 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import re
 import logging
+import re
 import shlex
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
