@@ -110,7 +110,7 @@ def _post_call(settings) -> list[Check]:
     else:
         rows.append(Check("transcripts channel", "ok", f"call cards and results go to {settings.transcripts_channel_id}"))
     path = settings.home.expanduser() / DB_FILENAME
-    callbacks, review, failed = [], False, None
+    callbacks, review, failed, waiting = [], False, None, 0
     if path.exists():
         try:
             with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
@@ -121,11 +121,17 @@ def _post_call(settings) -> list[Check]:
                         callbacks.append(cid)
                 failed = db.execute("SELECT label, delivered FROM listener_jobs WHERE delivered LIKE 'post failed%' "
                                     "ORDER BY created_at DESC LIMIT 1").fetchone()
+                (waiting,) = db.execute("SELECT COUNT(*) FROM listener_jobs WHERE delivered = "
+                                        "'waiting for the call card'").fetchone()
         except sqlite3.Error:
             pass  # no listener tables yet
     review_words = "off (SWITCHBOARD_AUTO_REVIEW=false)" if not settings.auto_review else         "on" if review else "off (no review instructions: `switchboard callbacks review set …`)"
     rows.append(Check("after each call", "ok", f"review {review_words}; {len(callbacks)} callback(s) enabled"
                                                + (f": {', '.join(callbacks[:5])}" if callbacks else "")))
+    if waiting:
+        rows.append(Check("after each call", "warn", f"{waiting} result(s) wait for their call's card, which is "
+                                                     "held until every job of the call has started (see "
+                                                     "`switchboard transcripts show`)"))
     if failed is not None:
         rows.append(Check("after each call", "warn", f"the last result post ({failed[0][:60]!r}) failed: "
                                                      f"{failed[1][len('post failed: '):][:200]}"))

@@ -165,6 +165,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None, key: 
         with stop_on_signals(stopping):
             await runs.start()
             listener = Listener(settings, store, runs, notifier=delivery, key=key)
+            await delivery.flush_waiting()
             print(f"switchboard listen: listening on {settings.stream_url.split('?')[0]} (Ctrl-C to stop)",
                   file=sys.stderr)
             streaming = asyncio.create_task(listener.run(), name="smartnumbers-stream")

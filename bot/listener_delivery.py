@@ -109,6 +109,21 @@ class ListenerDelivery:
                 await self._post(ticket, row)
         return reference
 
+    async def flush_waiting(self) -> int:
+        """Post results still waiting for a card that has since been recorded (a crash or a stop between
+        the card and its results). Called when the listener starts; returns how many it posted."""
+        rows = await self._store.fetchall(
+            "SELECT j.job_id FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id WHERE j.delivered = ? "
+            "AND t.card IS NOT NULL ORDER BY j.rowid", (WAITING,))
+        posted = 0
+        for entry in rows:
+            run_id = int(str(entry["job_id"]).removeprefix("run-"))
+            ticket, row = await self._repo.get(run_id), await self._job(run_id)
+            if ticket is not None and row is not None:
+                await self._post(ticket, row)
+                posted += 1
+        return posted
+
     async def _job(self, run_id: int) -> Any:
         return await self._store.fetchone(
             "SELECT j.dedupe_key, j.kind, j.label, j.deliver, t.id AS transcript_id, t.conversation_id, "

@@ -185,3 +185,17 @@ def test_a_card_fits_discord_whatever_the_call_holds_and_caller_text_stays_text(
     assert "@everyone" not in shown.replace("@\u200beveryone", "") and "[click](" not in shown
     fields = {f["name"]: f["value"] for f in data["fields"]}
     assert fields["jobs"].split("\n")[-1].startswith("… and ") and fields["learned"].count("\n") >= 1
+
+
+def test_a_token_never_survives_in_what_a_run_reports_even_cut_short_or_nested():
+    from bot.runs.core import ApprovalRequested, Finished, Progress
+    from bot.runs.service import _scrub
+
+    token = "sbt_" + "A" * 32
+    assert _scrub(Progress(f"terminal: switchboard callbacks register x --token {token[:20]}")).text.endswith(
+        "--token [redacted]")  # a preview cut the token: still gone
+    asked = _scrub(ApprovalRequested("r1", ("once", token), f"run with {token}?"))
+    assert asked.choices == ("once", "[redacted]") and asked.description == "run with [redacted]?"
+    done = _scrub(Finished(RunState.COMPLETED, output=f"used {token} and secret-xyz"), ("secret-xyz",))
+    assert done.output == "used [redacted] and [redacted]"
+    assert _scrub(Progress("nothing here")) == Progress("nothing here")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
@@ -62,14 +63,23 @@ def default_lanes(config: RunsConfig, sleep: Callable[[float], Awaitable[None]])
     return [HermesApiLane(config, sleep=sleep), CommandLane(config, sleep=sleep)]
 
 
-def _scrub(obs: Observation, secrets: tuple[str, ...]) -> Observation:
-    """The observation with every secret replaced in its text fields."""
-    changes = {}
-    for name, value in vars(obs).items():
-        if isinstance(value, str) and any(secret in value for secret in secrets):
+# A callback-mutation token (listener.callbacks), whole or cut short by a preview: never stored.
+_TOKEN = re.compile(r"sbt_[A-Za-z0-9_-]{3,}")
+
+
+def _scrub(obs: Observation, secrets: tuple[str, ...] = ()) -> Observation:
+    """The observation with every secret, and anything shaped like a mutation token, replaced in its
+    text fields (strings, and strings inside tuples)."""
+    def clean(value: Any) -> Any:
+        if isinstance(value, str):
             for secret in secrets:
                 value = value.replace(secret, "[redacted]")
-            changes[name] = value
+            return _TOKEN.sub("[redacted]", value)
+        if isinstance(value, tuple):
+            return tuple(clean(v) for v in value)
+        return value
+
+    changes = {name: cleaned for name, value in vars(obs).items() if (cleaned := clean(value)) != value}
     return replace(obs, **changes) if changes else obs
 
 
@@ -252,10 +262,9 @@ class RunService:
 
     async def _observe(self, run_id: int, obs: Observation, *, effects: bool = True) -> RunTicket | None:
         now = self._clock()
-        if run_id in self._secrets:
-            obs = _scrub(obs, self._secrets[run_id])
-            if isinstance(obs, Finished):
-                self._secrets.pop(run_id, None)
+        obs = _scrub(obs, self._secrets.get(run_id, ()))
+        if isinstance(obs, Finished):
+            self._secrets.pop(run_id, None)
         if isinstance(obs, Finished) and obs.output:
             output, cut = cap_text(obs.output, self.config.output_cap_bytes)
             obs = replace(obs, output=output, output_cut=obs.output_cut or cut)

@@ -187,7 +187,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
             token = settings.discord_token.get_secret_value()  # type: ignore[union-attr]
             runner = asyncio.create_task(bot.start(token), name="discord")
             if stream is not None:  # cards and results need the guilds: listen once Discord is ready
-                starting = asyncio.create_task(_start_when_ready(bot, stream), name="listener-start")
+                starting = asyncio.create_task(_start_when_ready(bot, stream, delivery), name="listener-start")
             stop_wait = asyncio.create_task(stopping.wait())
             done, _ = await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
             if runner in done:
@@ -221,9 +221,15 @@ def _build_listener(settings: Settings, store, runs: RunService, notifier: Liste
     return Listener(settings, store, runs, notifier=notifier, key=key)
 
 
-async def _start_when_ready(bot: SwitchboardBot, listener) -> None:
+async def _start_when_ready(bot: SwitchboardBot, listener, delivery: ListenerDelivery) -> None:
     await bot.connected.wait()
-    await listener.start()
+    try:
+        await listener.start()
+        if posted := await delivery.flush_waiting():
+            log.info("posted %d result(s) that were waiting for their call card", posted)
+    except Exception as exc:  # said once, plainly; Discord and the runs keep going
+        log.error("the Smartnumbers listener did not start: %s", exc)
+        return
     log.info("Smartnumbers listener started")
 
 

@@ -8,6 +8,7 @@ the next delivery of the event posts it again; a failed result is kept in the ex
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 
@@ -29,6 +30,7 @@ from .embeds import COLOURS, FIELD_LIMIT, MESSAGE_LIMIT, TITLE_LIMIT
 log = logging.getLogger(__name__)
 
 CARD_COLOUR = 0x5865F2
+CONNECT_WAIT_S = 60.0
 
 
 class PostError(RuntimeError):
@@ -119,6 +121,12 @@ class DiscordPoster:
         return f"posted in channel {result.channel_id}"
 
     async def _send(self, channel_id: int, **kwargs) -> discord.Message:
+        connected = getattr(self._client, "connected", None)  # runs may land before the gateway is ready
+        if connected is not None and not connected.is_set():
+            try:
+                await asyncio.wait_for(connected.wait(), CONNECT_WAIT_S)
+            except TimeoutError:
+                raise PostError("Discord is not connected yet") from None
         channel = self._client.get_partial_messageable(channel_id)
         try:
             return await channel.send(allowed_mentions=discord.AllowedMentions.none(), **kwargs)
