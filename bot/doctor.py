@@ -125,7 +125,9 @@ def _post_call(settings) -> list[Check]:
                                         "'waiting for the call card'").fetchone()
         except sqlite3.Error:
             pass  # no listener tables yet
-    review_words = "off (SWITCHBOARD_AUTO_REVIEW=false)" if not settings.auto_review else         "on" if review else "off (no review instructions: say \"set my call review to …\" in `switchboard talk` or as an operator in a Discord call)"
+    review_words = ("off (SWITCHBOARD_AUTO_REVIEW=false)" if not settings.auto_review else "on" if review else
+                    "off (no review instructions: say \"set my call review to …\" in `switchboard talk` or as "
+                    "an operator in a Discord call)")
     rows.append(Check("after each call", "ok", f"review {review_words}; {len(callbacks)} callback(s) enabled"
                                                + (f": {', '.join(callbacks[:5])}" if callbacks else "")))
     if waiting:
