@@ -143,7 +143,10 @@ class RunService:
     async def close(self, *, settle_unwatchable: bool = True) -> None:
         """Stop watching. Runs keep going on their lanes; api runs are reconciled at the next start.
         With `settle_unwatchable`, command runs this instance watched are marked lost now (nobody can
-        read their output any more). False leaves the store exactly as a crash would."""
+        read their output any more). False leaves the store exactly as a crash would. A second call
+        does nothing."""
+        if self._closed:
+            return
         self._closed = True
         tasks = list(self._tasks)
         for task in tasks:

@@ -1,8 +1,9 @@
-"""`switchboard run`: the Discord bot, the runs service and (later) the listener, in one process.
+"""`switchboard run`: the Discord bot, the runs service and the Smartnumbers listener, in one process.
 
-Start-up refuses with one line per missing setting; a rejected token is said as such. SIGINT and
-SIGTERM shut down in order — leave every call (tool outputs settle), stop watching runs, close the
-store, close the gateway normally (1000) — and exit 0.
+Start-up refuses with one line per missing setting; a rejected token is said as such. The listener
+starts once Discord is ready. SIGINT and SIGTERM shut down in order — stop the listener, leave every
+call (tool outputs settle), stop watching runs, close the gateway normally (1000), close the store —
+and exit 0.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import asyncio
 import logging
 import sys
 import time
+from collections.abc import Awaitable, Callable
 
 import discord
 from discord import app_commands
@@ -199,7 +201,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
             if stream is not None:  # no new calls while leaving; handlers still running are cancelled
                 await stream.stop()
                 stream = None
-            await shutdown(bot, runner)
+            await shutdown(bot, runner, before_gateway=runs.close)
     finally:
         if stream is not None:
             await stream.stop()
@@ -251,13 +253,18 @@ def _start_failure(runner: asyncio.Task) -> int:
     return EXIT_OK
 
 
-async def shutdown(bot: SwitchboardBot, runner: asyncio.Task) -> None:
-    """Leave voice first (discord.py's own Ctrl-C path waits out the voice timeout), then the gateway."""
+async def shutdown(bot: SwitchboardBot, runner: asyncio.Task,
+                   before_gateway: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Leave voice first (discord.py's own Ctrl-C path waits out the voice timeout), then stop watching
+    runs (`before_gateway`: a run landing now is delivered at the next start, not lost to a closed
+    gateway), then the gateway."""
     started = time.monotonic()
     try:
         await asyncio.wait_for(bot.calls.leave_all("Switchboard is shutting down"), SHUTDOWN_BUDGET_S / 2)
     except TimeoutError:
         log.warning("leaving the calls took longer than %.0f s", SHUTDOWN_BUDGET_S / 2)
+    if before_gateway is not None:
+        await before_gateway()
     # As `Client.run` does on Ctrl-C: cancel the running start(), then close(). A close() from
     # another task while start() still polls makes discord.py leave with 4000 instead of 1000.
     if not runner.done():
