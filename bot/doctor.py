@@ -131,9 +131,8 @@ def _post_call(settings) -> list[Check]:
     rows.append(Check("after each call", "ok", f"review {review_words}; {len(callbacks)} callback(s) enabled"
                                                + (f": {', '.join(callbacks[:5])}" if callbacks else "")))
     if waiting:
-        rows.append(Check("after each call", "warn", f"{waiting} result(s) wait for their call's card, which is "
-                                                     "held until every job of the call has started (see "
-                                                     "`switchboard transcripts show`)"))
+        rows.append(Check("after each call", "warn", f"{waiting} result(s) wait for their call's card, which "
+                                                     "Discord has not taken yet (see `switchboard transcripts show`)"))
     if failed is not None:
         rows.append(Check("after each call", "warn", f"the last result post ({failed[0][:60]!r}) failed: "
                                                      f"{failed[1][len('post failed: '):][:200]}"))

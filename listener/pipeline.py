@@ -6,7 +6,8 @@ jobs — the review, each enabled callback, each named command — each claimed 
 ledger under a stable key before it starts, so a replayed event finds the same archived call and
 the same jobs and starts nothing twice. A step that failed (a model down, a runs service that
 refused, a card Discord would not take) is retried by the next delivery of the event, and only
-that step. Then the call card is posted once, naming the jobs. Who the user is comes from the
+that step. Then the call card is posted once, naming the jobs (one not started yet says so; its
+result still goes under the card when a later delivery starts it). Who the user is comes from the
 local direction mapping, never from the payload.
 """
 
@@ -287,16 +288,15 @@ class TranscriptPipeline:
                     errors: list[dict[str, str]]) -> None:
         if self._notifier is None:
             return
-        if any(e["stage"] in ("review", "callback", "command") for e in errors):
-            stages["post"] = "held until every job has started (the next delivery posts it)"
-            return
         row = await self.archive.db.fetchone("SELECT card, received_at FROM transcripts WHERE id = ?", (tid,))
         if row is not None and row["card"]:
             stages["post"] = "already posted"
             return
+        # Every job slot, started or not: one that could not start yet is named as such (the next
+        # delivery retries it, and its result still goes under this card).
         jobs = await self.archive.db.fetchall(
-            "SELECT job_id, kind, label FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL "
-            "ORDER BY rowid", (tid,))
+            "SELECT COALESCE(job_id, 'not started') AS job_id, kind, label FROM listener_jobs WHERE transcript_id = ? "
+            "AND state != 'skipped' ORDER BY rowid", (tid,))
         facts = await self.archive.db.fetchall("SELECT fact FROM listener_facts WHERE transcript_id = ? ORDER BY id",
                                                (tid,))
         ends = [t.end_s for t in transcript.turns if t.end_s is not None]

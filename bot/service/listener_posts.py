@@ -57,7 +57,9 @@ def card_embed(card: CallCard) -> discord.Embed:
         embed.add_field(name="length", value=elapsed_words(card.duration_s), inline=True)
     if card.facts:
         embed.add_field(name="learned", value=lines([f"• {bounded(plain(f), 200)}" for f in card.facts]), inline=False)
-    jobs = [f"`{job_id}` {KIND_WORDS.get(kind, kind)}: {bounded(plain(label), 80)}" for job_id, kind, label in card.jobs]
+    jobs = [f"`{job_id}` {KIND_WORDS.get(kind, kind)}: {bounded(plain(label), 80)}" + (
+        " (could not start yet; retried with the next delivery)" if job_id == "not started" else "")
+        for job_id, kind, label in card.jobs]
     embed.add_field(name="jobs", value=lines(jobs) if jobs else "none", inline=False)
     embed.set_footer(text=f"call {bounded(plain(card.conversation_id), 80)} · /transcripts show id:{card.transcript_id}")
     assert len(embed) <= MESSAGE_LIMIT, len(embed)
