@@ -16,14 +16,8 @@ from bot.settings import check_settings
 from bot.store import DB_FILENAME, open_store
 from bot.transcripts_cli import add_parser, main
 from listener.archive import SOURCE_TRUST, Archive, ArchiveError, fts_query
-from listener.model import Transcript, Turn, user_label_for
-
-
-def call(conversation_id: str, *texts: tuple[str, str], direction: str = "inbound",
-         frm: str = "+15550001", to: str = "+15550002") -> Transcript:
-    return Transcript(conversation_id, tuple(Turn(i, speaker, text) for i, (speaker, text) in enumerate(texts)),
-                      source="bandwidth-call-recording", direction=direction, from_number=frm, to_number=to)
-
+from listener.model import user_label_for
+from tests.support.calls import call
 
 DENTIST = call("call_1", ("TO", "Column's scheduling, this is Erica."),
                ("FROM", "Hi, I'd like to move my dentist appointment to Tuesday."),

@@ -9,17 +9,12 @@ import re
 
 from listener.archive import Archive
 from listener.callbacks import Callbacks
-from listener.model import Transcript, Turn, user_label_for
+from listener.model import Transcript, user_label_for
+from tests.support.calls import call
 from tests.support.fake_discord import EPHEMERAL
 from tests.test_service_commands import service
 
 NOW = 1_750_000_000.0
-
-
-def call(conversation_id: str, *texts: tuple[str, str], direction: str = "inbound",
-         frm: str = "+15550001", to: str = "+15550002") -> Transcript:
-    return Transcript(conversation_id, tuple(Turn(i, speaker, text) for i, (speaker, text) in enumerate(texts)),
-                      source="bandwidth-call-recording", direction=direction, from_number=frm, to_number=to)
 
 
 DENTIST = call("call_1", ("TO", "Column's scheduling, this is Erica."),
