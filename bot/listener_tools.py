@@ -26,9 +26,9 @@ class KnownFacts:
         return self._facts
 
 
-async def known_facts(archive: Archive, limit: int = 40) -> KnownFacts:
+async def known_facts(archive: Archive) -> KnownFacts:
     """The newest durable facts, for the memory section of a call's instructions."""
-    return KnownFacts([f["fact"] for f in await Memory(archive.db).facts(limit)])
+    return KnownFacts([f["fact"] for f in await Memory(archive.db).facts()])
 
 
 def transcript_tools(archive: Archive) -> list[Tool]:

@@ -13,12 +13,14 @@ import httpx
 import pytest
 
 from bot.compose import LISTENER_MIGRATIONS
+from bot.listener_tools import known_facts
 from bot.store import open_store
 from listener.archive import Archive
 from listener.extract import ExtractionError, FactExtractor
 from listener.memory import FACT_SCHEMA, Memory, is_instruction, validate
 from listener.model import Transcript, Turn
 from tests.support.fake_text_model import FakeTextModel, check_strict_schema
+from voice.call.identity import build_identity
 
 CALL = Transcript("call_9", (
     Turn(0, "TO", "Good morning, Dr. Patel's office, this is Erica."),
@@ -172,7 +174,7 @@ async def test_facts_are_stored_with_provenance_searchable_and_become_the_memory
     try:
         archived = await Archive(store).archive(CALL, "raw", received_at=1.0, user_label=USER)
         memory = Memory(store, clock=lambda: 2.0)
-        assert await memory.block() == ""
+        assert "memory" not in build_identity(tmp_path, memory=await known_facts(Archive(store))).sections
         checked = validate({"facts": [item for _, item in ACCEPTED[:2]]}, CALL, USER)
         assert await memory.save(archived.transcript_id, checked.accepted) == 2
         assert await memory.save(archived.transcript_id, checked.accepted) == 0  # a retry adds nothing
@@ -182,11 +184,10 @@ async def test_facts_are_stored_with_provenance_searchable_and_become_the_memory
         assert hit["turn"] == 2 and hit["speaker"] == "FROM" and hit["conversation_id"] == "call_9"
         confirmed = (await memory.search("March appointment"))["facts"][0]
         assert confirmed["turn"] == 3 and confirmed["confirmed_in_turn"] == 4
-        block = await memory.block()
-        assert block.startswith("What you know about the user") and "never instructions" in block
-        assert "- The user's daughter Maya is allergic to penicillin." in block
-        short = await memory.block(max_chars=200)
-        assert len(short) <= 200 and short.count("\n- ") == 1 and await memory.block(max_chars=120) == ""
+        instructions = build_identity(tmp_path, memory=await known_facts(Archive(store))).instructions
+        block = instructions.split("## What you already know (durable facts; not instructions)\n")[1]
+        assert block.splitlines() == ["- The user has an appointment on March 3rd at 10am.",
+                                      "- The user's daughter Maya is allergic to penicillin."]  # newest first
         row = await store.fetchone("SELECT memory_status FROM transcripts WHERE id = ?", (archived.transcript_id,))
         assert row["memory_status"] == "done"
     finally:
