@@ -101,12 +101,7 @@ class ListenerDelivery:
             held = await self._store.fetchall(
                 "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL AND (delivered = ? "
                 "OR delivered LIKE 'post failed%') ORDER BY rowid", (card.transcript_id, WAITING))
-        for entry in held:
-            run_id = int(str(entry["job_id"]).removeprefix("run-"))
-            ticket = await self._repo.get(run_id)
-            row = await self._job(run_id)
-            if ticket is not None and row is not None:
-                await self._post(ticket, row)
+        await self._post_held(held)
         return reference
 
     async def flush_waiting(self) -> int:
@@ -115,6 +110,10 @@ class ListenerDelivery:
         rows = await self._store.fetchall(
             "SELECT j.job_id FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id WHERE j.delivered = ? "
             "AND t.card IS NOT NULL ORDER BY j.rowid", (WAITING,))
+        return await self._post_held(rows)
+
+    async def _post_held(self, rows: list[Any]) -> int:
+        """Post each held job's finished run (rows carry `job_id`); returns how many were posted."""
         posted = 0
         for entry in rows:
             run_id = int(str(entry["job_id"]).removeprefix("run-"))

@@ -108,11 +108,11 @@ def command_job(command: CallCommand, transcript: Transcript, user_label: str | 
     task = (f"During the {call_line(transcript)} the user asked you directly: \u00ab{command.text}\u00bb. Do "
             "exactly that.")
     context = transcript_context(transcript, user_label)
-    if token and about_callbacks(command.text):
-        context += ("\n\nThis request came from the user themself, so it may change the user's post-call "
-                    f"callbacks if it asks to: `switchboard callbacks … --token {token}` (valid for this run "
-                    "only, for a few minutes). Never repeat the token in your answer.")
     given = token if token and about_callbacks(command.text) else None
+    if given:
+        context += ("\n\nThis request came from the user themself, so it may change the user's post-call "
+                    f"callbacks if it asks to: `switchboard callbacks … --token {given}` (valid for this run "
+                    "only, for a few minutes). Never repeat the token in your answer.")
     return Job("command", command.dedupe_key, command.text, task, context, "", (given,) if given else ())
 
 
