@@ -189,7 +189,7 @@ class ParsedURL:
 
 
 _LABEL = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)$")
-_FORBIDDEN = re.compile(r"[\x00-\x20\x7f\\]")
+FORBIDDEN_URL_CHARS = re.compile(r"[\x00-\x20\x7f\\]")  # whitespace, controls, backslash: never in a URL we use
 
 
 class HostError(ValueError):
@@ -218,9 +218,22 @@ def normalise_host(raw: str) -> tuple[str, str | None]:
     return name, None
 
 
-def _normalise_host(raw: str) -> tuple[str, str | None]:
+def host_of(netloc: str) -> tuple[str, str | None]:
+    """A URL's netloc (credentials already refused) → `normalise_host` of its host, the port dropped.
+    Raises HostError with the reason."""
+    if netloc.startswith("["):
+        end = netloc.find("]")
+        raw = netloc[: end + 1] if end != -1 else netloc
+    else:
+        raw = netloc.rsplit(":", 1)[0] if ":" in netloc else netloc
+    if not raw:
+        raise HostError("no host")
+    return normalise_host(raw)
+
+
+def _host_of(netloc: str) -> tuple[str, str | None]:
     try:
-        return normalise_host(raw)
+        return host_of(netloc)
     except HostError as exc:
         raise UnsafeTranscriptURL(f"transcript URL refused: {exc}") from None
 
@@ -274,7 +287,7 @@ def check_transcript_url(
     Address vetting of what the host resolves to is the downloader's job (`vet_address`)."""
     if not isinstance(url, str) or not url:
         raise UnsafeTranscriptURL("transcript URL refused: empty or not a string")
-    if _FORBIDDEN.search(url):
+    if FORBIDDEN_URL_CHARS.search(url):
         raise UnsafeTranscriptURL("transcript URL refused: contains whitespace, control characters or '\\'")
     try:
         parts = urlsplit(url)
@@ -289,15 +302,7 @@ def check_transcript_url(
         raise UnsafeTranscriptURL(
             "transcript URL refused: it contains credentials (user:password@); use a presigned URL instead"
         )
-    hostport = netloc
-    if hostport.startswith("["):
-        end = hostport.find("]")
-        raw_host = hostport[: end + 1] if end != -1 else hostport
-    else:
-        raw_host = hostport.rsplit(":", 1)[0] if ":" in hostport else hostport
-    if not raw_host:
-        raise UnsafeTranscriptURL("transcript URL refused: no host")
-    host, ip = _normalise_host(raw_host)
+    host, ip = _host_of(netloc)
 
     local_dev = allow_insecure_local and is_loopback_target(host, ip)
     explicit_port = port is not None and port != {"https": 443, "http": 80}[scheme]

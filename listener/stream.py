@@ -38,7 +38,6 @@ import ipaddress
 import json
 import logging
 import random
-import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -48,7 +47,7 @@ from urllib.parse import urlsplit
 from websockets.asyncio.client import connect as _ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from listener.addresses import HostError, is_loopback_target, normalise_host
+from listener.addresses import FORBIDDEN_URL_CHARS, HostError, host_of, is_loopback_target
 
 __all__ = [
     "KEY_VARIABLE",
@@ -91,16 +90,13 @@ class StreamTarget:
     display: str
 
 
-_FORBIDDEN = re.compile(r"[\x00-\x20\x7f\\]")
-
-
 def _refuse(reason: str) -> StreamConfigError:
     return StreamConfigError("stream URL refused: " + " ".join(reason.split()))
 
 
-def _normalise_host(raw: str) -> tuple[str, str | None]:
+def _host_of(netloc: str) -> tuple[str, str | None]:
     try:
-        return normalise_host(raw)
+        return host_of(netloc)
     except HostError as exc:
         raise _refuse(str(exc)) from None
 
@@ -127,7 +123,7 @@ def check_stream_url(url: str, *, allowed_hosts: frozenset[str], allow_insecure_
     no fragment. With `allow_insecure_local`, `ws://` is accepted to a loopback host only."""
     if not isinstance(url, str) or not url.strip():
         raise _refuse("empty or not a string")
-    if _FORBIDDEN.search(url):
+    if FORBIDDEN_URL_CHARS.search(url):
         raise _refuse("contains whitespace, control characters or '\\'")
     try:
         parts = urlsplit(url)
@@ -141,14 +137,7 @@ def check_stream_url(url: str, *, allowed_hosts: frozenset[str], allow_insecure_
         raise _refuse("it contains credentials (user:password@); the key goes in TRANSCRIPT_LISTENER_API_KEY")
     if parts.fragment or url.endswith("#"):
         raise _refuse("it contains a fragment (#...)")
-    netloc = parts.netloc
-    if netloc.startswith("["):
-        raw_host = netloc[: netloc.find("]") + 1] if "]" in netloc else netloc
-    else:
-        raw_host = netloc.rsplit(":", 1)[0] if ":" in netloc else netloc
-    if not raw_host:
-        raise _refuse("no host")
-    host, ip = _normalise_host(raw_host)
+    host, ip = _host_of(parts.netloc)
     loopback = is_loopback_target(host, ip)
     if scheme == "ws":
         if not allow_insecure_local:
