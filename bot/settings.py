@@ -36,6 +36,7 @@ from voice.call.providers.endpoint import check_key_endpoint, check_realtime_url
 from . import setting_rules as rules
 
 ENDPOINTING_MODES = ("server", "local")
+REPLY_MODES = ("everyone", "addressed")
 IDENTITY_SECTIONS = ("persona", "memory")
 AGENT_LANES = ("hermes-api", "command")
 DEFAULT_AGENT_COMMAND = "hermes -z {task}"
@@ -88,6 +89,10 @@ class Settings(BaseSettings):
     runs_channel_id: int | None = Field(None, validation_alias="SWITCHBOARD_RUNS_CHANNEL_ID")
     idle_leave_s: float = Field(120.0, validation_alias="SWITCHBOARD_IDLE_LEAVE_S")
     deaf_after_s: float = Field(5.0, validation_alias="SWITCHBOARD_DEAF_SECONDS")
+    reply_to: str = Field("everyone", validation_alias="SWITCHBOARD_REPLY_TO")
+    followup_s: float = Field(15.0, validation_alias="SWITCHBOARD_FOLLOWUP_S")
+    min_interruption_ms: int = Field(400, validation_alias="SWITCHBOARD_MIN_INTERRUPTION_MS")
+    captions: bool = Field(False, validation_alias="SWITCHBOARD_CAPTIONS")
 
     # -- background runs ---------------------------------------------------------------------------
     agent_lanes: tuple[str, ...] = Field(AGENT_LANES, validation_alias="SWITCHBOARD_AGENT_LANES")
@@ -209,7 +214,23 @@ class Settings(BaseSettings):
             raise ValueError(f"names no lane; use {','.join(AGENT_LANES)} or one of them")
         return lanes
 
-    @field_validator("deaf_after_s", "idle_leave_s", "agent_timeout_s", mode="before")
+    @field_validator("reply_to", mode="before")
+    @classmethod
+    def _reply_to(cls, value: Any) -> str:
+        return rules.one_of(value, REPLY_MODES, "a reply mode")
+
+    @field_validator("min_interruption_ms", mode="before")
+    @classmethod
+    def _min_interruption(cls, value: Any) -> int:
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise ValueError("is not a whole number of milliseconds; e.g. 400") from None
+        if not 0 <= number <= 5000:
+            raise ValueError("must be between 0 (any speech interrupts at once) and 5000 milliseconds")
+        return number
+
+    @field_validator("deaf_after_s", "idle_leave_s", "agent_timeout_s", "followup_s", mode="before")
     @classmethod
     def _seconds(cls, value: Any) -> float:
         return rules.positive_seconds(value)
@@ -259,7 +280,7 @@ class Settings(BaseSettings):
                              "port or wildcard)")
         return frozenset(hosts)
 
-    @field_validator("allow_insecure_local", "auto_review", mode="before")
+    @field_validator("allow_insecure_local", "auto_review", "captions", mode="before")
     @classmethod
     def _flag(cls, value: Any) -> bool:
         if isinstance(value, bool):

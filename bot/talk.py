@@ -20,7 +20,7 @@ from pathlib import Path
 
 from listener.archive import Archive
 from voice.audio import AudioFileError
-from voice.call.core import CallOptions
+from voice.call.core import CallOptions, ShowTranscript
 from voice.call.engine import CallEngine, CallFailed, speech_detector
 from voice.call.identity import build_identity
 from voice.call.providers import ProviderConfigError, RealtimeProvider, make_provider
@@ -233,6 +233,6 @@ def _make_transport(args):
     return TerminalTransport(echo_gate=not args.no_echo_gate)
 
 
-def _print_transcript(role: str, text: str) -> None:
-    label = "you" if role == "user" else "assistant"
-    print(f"{label}: {text}", flush=True)
+def _print_transcript(line: ShowTranscript) -> None:
+    label = "you" if line.role == "user" else "assistant"
+    print(f"{label}: {line.text}", flush=True)

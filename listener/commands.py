@@ -41,7 +41,7 @@ from functools import lru_cache
 
 from listener.model import Transcript, Turn
 
-__all__ = ["CallCommand", "command_dedupe_key", "find_commands", "is_command_span"]
+__all__ = ["CallCommand", "addresses_agent", "command_dedupe_key", "find_commands", "is_command_span"]
 
 _DASHES = "\u2013\u2014"  # en dash, em dash
 _ADDRESS_PUNCT = ",:;" + _DASHES  # plus "-" when not inside a hyphenated word
@@ -188,3 +188,11 @@ def find_commands(
         if turn.speaker == user_label:
             out.extend(_turn_commands(transcript, turn, pattern))
     return out
+
+
+def addresses_agent(text: str, *, agent_name: str, aliases: Sequence[str] = ()) -> bool:
+    """True when `text` directly addresses the agent by name, by the same rule as a named command
+    (see the module docstring): a voice call's addressed-only mode answers exactly such turns."""
+    if not isinstance(text, str) or not text:
+        return False
+    return bool(_addresses(text, _pattern(_names(agent_name, aliases))))

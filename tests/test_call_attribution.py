@@ -66,16 +66,6 @@ def test_a_provider_that_echoes_no_metadata_still_gets_the_turns_speakers_never_
     assert chained[0].origin.speakers == frozenset({BOB})
 
 
-def test_overlapping_speakers_make_one_turn_attributed_to_everyone_in_it():
-    core, _ = make_core("local")
-    both = TurnContext(frozenset({ALICE, BOB}))
-    alice = TurnContext(frozenset({ALICE}))
-    out = speak(core, [(LOUD, alice)] * 3 + [(LOUD, both)] * 4 + [(LOUD, alice)] * 3 + [(QUIET, None)] * 26)
-    echo_created(core, "r1", out)
-    runs = tool_runs(core.on_provider(ev.FunctionCall("r1", "i1", "c1", "t", "{}"), 1.1))
-    assert runs[0].origin.speakers == frozenset({ALICE, BOB})
-
-
 def test_a_turn_is_attributed_to_the_audio_committed_not_to_whoever_was_seen_last():
     core, _ = make_core("local")
     out = speak(core, turn_of(ALICE))  # Alice's turn ends ...

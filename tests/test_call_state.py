@@ -44,16 +44,30 @@ def test_audio_while_reconnecting_is_dropped_and_counted_not_sent():
     assert types(core.on_user_audio(LOUD, 1.3)) == ["input_audio_buffer.append"]
 
 
-def test_speakers_heard_before_a_drop_do_not_leak_into_the_next_turn():
+def test_a_turn_cut_off_by_a_drop_is_kept_and_the_next_speakers_turn_is_theirs_alone():
     core, _ = make_core("local")
-    speak(core, [(LOUD, turn_of(111111111111111111)[0][1])] * 5)  # mid-turn ...
-    core.on_disconnect(1.0)  # ... the buffer is gone with the socket
-    core.on_reconnected(1.1)
-    out = speak(core, turn_of(222222222222222222), start=2.0)
+    alice, bob = 111111111111111111, 222222222222222222
+    speak(core, [(LOUD, turn_of(alice)[0][1])] * 5)  # mid-turn ...
+    core.on_disconnect(1.0)  # ... the input buffer is gone with the socket, her audio is not
+    again = sent(core.on_reconnected(1.1))
+    assert [e["type"] for e in again].count("input_audio_buffer.append") == 1  # her kept audio, appended again
+    out = speak(core, turn_of(bob), start=2.0)  # she says nothing more: her turn ends and goes first
     creates = [e for e in sent(out) if e["type"] == "response.create"]
-    core.on_provider(ev.ResponseCreated("r1", creates[-1]["response"]["metadata"]), 3.0)
+    assert len(creates) == 1  # Bob's turn waits until hers is answered
+    core.on_provider(ev.ResponseCreated("r1", creates[0]["response"]["metadata"]), 3.0)
     runs = core.on_provider(ev.FunctionCall("r1", "i", "c", "t", "{}"), 3.1)
-    assert runs[-1].origin.speakers == frozenset({222222222222222222})
+    assert runs[-1].origin.speakers == frozenset({alice})
+    notice = sent(core.on_provider(ev.ResponseDone("r1", "completed"), 3.2))  # "the connection ... is back"
+    core.on_provider(ev.ResponseCreated("r_notice", notice[-1]["response"]["metadata"]), 3.21)
+    core.on_provider(ev.ResponseDone("r_notice", "completed"), 3.22)
+    follow = core.on_tool_result("c", '"ok"', 3.3)
+    core.on_provider(ev.ResponseCreated("r2", sent(follow)[-1]["response"]["metadata"]), 3.4)
+    after = core.on_provider(ev.ResponseDone("r2", "completed"), 3.5)  # her answer is over: Bob's turn now
+    creates = [e for e in sent(after) if e["type"] == "response.create"]
+    assert [e["type"] for e in sent(after)][-2:] == ["input_audio_buffer.commit", "response.create"]
+    core.on_provider(ev.ResponseCreated("r3", creates[0]["response"]["metadata"]), 3.6)
+    runs = core.on_provider(ev.FunctionCall("r3", "i3", "c3", "t", "{}"), 3.7)
+    assert runs[-1].origin.speakers == frozenset({bob})
 
 
 def test_turn_records_come_out_as_actions_for_the_shell_to_write():

@@ -62,7 +62,8 @@ def test_the_invite_url_comes_from_the_token_with_exactly_the_permissions_needed
     rows = discord_rows({"DISCORD_BOT_TOKEN": token})
     assert rows["discord"].status == "ok" and "s3cr3t" not in rows["discord"].detail
     assert ("https://discord.com/oauth2/authorize?client_id=1577111991095394304&scope=bot%20applications.commands"
-            "&permissions=3165184") in rows["discord"].detail  # view, send, embed links, connect, speak
+            "&permissions=309240810496") in rows["discord"].detail  # view, send, embed links, connect, speak,
+    # create public threads and send messages in threads (live captions)
     assert rows["runs channel"].status == "warn"
     assert discord_rows({})["discord"].status == "warn"
     assert discord_rows({"DISCORD_BOT_TOKEN": "not-a-token"})["discord"].status == "warn"

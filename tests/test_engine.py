@@ -61,7 +61,7 @@ async def live_call(fake: FakeRealtime, *, tools: tuple[Tool, ...] = (), endpoin
                         sleep=no_wait, backoff=backoff,
                         detector=EnergyDetector() if endpointing == "local" else None)  # say() is a tone, not speech
     call = Call(fake, transport, engine)
-    engine._on_transcript = lambda role, text: call.transcripts.append((role, text))
+    engine._on_transcript = lambda line: call.transcripts.append((line.role, line.text))
     task = asyncio.create_task(engine.run())
     try:
         yield call

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import discord
@@ -378,3 +379,198 @@ async def test_ctrl_c_in_voice_exits_cleanly_but_only_after_the_voice_timeout(ri
     assert fake.journal.closes[-2:] == [("voice", 1000), ("gateway", 1000)]
     assert fake.state.guild.voice.get(fake.bot.id) is None  # op 4 with channel_id null went out first
     assert "Timed out waiting for voice disconnection confirmation" in bot.log_path.read_text()
+
+
+# -- threads, message edits, the channel write limit ----------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def gateway_client(fake: FakeDiscord, client: discord.Client) -> AsyncIterator[discord.Guild]:
+    """`client` started on the fake (REST and gateway), once discord.py has cached the guild."""
+    available = asyncio.get_running_loop().create_future()
+
+    @client.event
+    async def on_guild_available(guild: discord.Guild) -> None:
+        if not available.done():
+            available.set_result(guild)
+
+    with point_discord_py_at(fake):
+        runner = asyncio.create_task(client.start(fake.token))
+        try:
+            yield await asyncio.wait_for(available, 15)
+        finally:
+            await shut_down_like_ctrl_c(client, runner)
+
+
+async def test_a_public_thread_starts_under_a_text_channel_and_takes_posts_and_edits():
+    async with FakeDiscord() as fake:
+        client = discord.Client(intents=discord.Intents.default())
+        created = asyncio.get_running_loop().create_future()
+
+        @client.event
+        async def on_thread_create(thread: discord.Thread) -> None:
+            created.set_result(thread)
+
+        async with gateway_client(fake, client) as guild:
+            text = guild.get_channel(fake.text_channel.id)
+            thread = await text.create_thread(name="Call captions", type=discord.ChannelType.public_thread,
+                                              auto_archive_duration=60)
+            cached = await asyncio.wait_for(created, 15)
+            first = await thread.send("first", allowed_mentions=discord.AllowedMentions.none())
+            edited = await first.edit(content="first\nsecond", suppress=True)
+        fake.assert_clean()
+
+    assert (thread.parent_id, thread.type, thread.owner_id) == (text.id, discord.ChannelType.public_thread, fake.bot.id)
+    assert (thread.name, thread.auto_archive_duration, thread.archived) == ("Call captions", 60, False)
+    assert cached.id == thread.id and cached.parent is text  # THREAD_CREATE put it in discord.py's cache
+    assert edited.channel.id == thread.id and edited.content == "first\nsecond" and edited.edited_at is not None
+    assert edited.flags.suppress_embeds
+    (create,) = fake.rest_calls("POST", f"/channels/{text.id}/threads")
+    assert create.status == 201 and create.body == {"name": "Call captions", "type": 11, "auto_archive_duration": 60,
+                                                     "invitable": True, "rate_limit_per_user": None}
+    (stored,) = fake.thread_messages(fake.threads[0])
+    assert stored["content"] == "first\nsecond" and stored["position"] == 0 and fake.edits_of(stored) == 1
+    assert fake.threads[0].message_count == 1
+
+
+async def test_thread_bodies_channels_and_permissions_discord_refuses():
+    async with FakeDiscord() as fake:
+        client = discord.Client(intents=discord.Intents.default())
+        text_id, voice_id = fake.text_channel.id, fake.voice_channel.id
+        hidden = await fake.add_text_channel("hidden")
+
+        async def start(channel_id: int, body: dict) -> discord.HTTPException | dict:
+            route = discord.http.Route("POST", "/channels/{channel_id}/threads", channel_id=channel_id)
+            try:
+                return await client.http.request(route, json=body)
+            except discord.HTTPException as exc:
+                return exc
+
+        ok = {"name": "captions", "type": 11, "auto_archive_duration": 60}
+        with point_discord_py_at(fake):
+            await client.login(fake.token)
+            try:
+                refused = {
+                    "empty name": await start(text_id, {**ok, "name": " "}),
+                    "long name": await start(text_id, {**ok, "name": "x" * 101}),
+                    "archive": await start(text_id, {**ok, "auto_archive_duration": 30}),
+                    "type": await start(text_id, {**ok, "type": 0}),
+                    "voice": await start(voice_id, ok),
+                    "unknown": await start(voice_id + 999, ok),
+                }
+                thread = await start(text_id, ok)
+                refused["under a thread"] = await start(int(thread["id"]), ok)
+                await fake.deny_bot(fake.text_channel, 1 << 35)  # Create Public Threads
+                await fake.deny_bot(hidden, 1 << 10)  # View Channel
+                refused["denied"] = await start(text_id, ok)
+                refused["hidden"] = await start(hidden.id, ok)
+                private = await start(text_id, {**ok, "type": 12})  # Create Private Threads is still allowed
+            finally:
+                await client.close()
+        fake.assert_clean()
+
+    codes = {why: (exc.status, exc.code) for why, exc in refused.items()}
+    assert codes == {"empty name": (400, 50035), "long name": (400, 50035), "archive": (400, 50035),
+                     "type": (400, 50035), "voice": (400, 50024), "unknown": (404, 10003),
+                     "under a thread": (400, 50024), "denied": (403, 50013), "hidden": (403, 50001)}
+    assert "name: Must be between 1 and 100 in length." in refused["long name"].text
+    assert "auto_archive_duration" in refused["archive"].text
+    assert [t.id for t in fake.threads] == [int(thread["id"]), int(private["id"])]
+    assert private["type"] == 12 and private["thread_metadata"]["invitable"] is True
+
+
+async def test_message_edits_and_thread_posts_discord_refuses():
+    async with FakeDiscord() as fake:
+        client = discord.Client(intents=discord.Intents.default())
+        alice = fake.add_user("alice")
+        with point_discord_py_at(fake):
+            await client.login(fake.token)
+            try:
+                text = await client.fetch_channel(fake.text_channel.id)
+                thread = await text.create_thread(name="t", type=discord.ChannelType.public_thread)
+                mine = await thread.send("mine")
+                theirs = fake.post_as(alice, fake.threads[0], "hers")
+                elsewhere = await text.send("in the channel")
+
+                async def edit(message_id: int, body: dict, channel_id: int = thread.id) -> discord.HTTPException:
+                    route = discord.http.Route("PATCH", "/channels/{channel_id}/messages/{message_id}",
+                                               channel_id=channel_id, message_id=message_id)
+                    with pytest.raises(discord.HTTPException) as refused:
+                        await client.http.request(route, json=body)
+                    return refused.value
+
+                refused = {
+                    "unknown": await edit(mine.id + 1, {"content": "x"}),
+                    "not mine": await edit(int(theirs["id"]), {"content": "x"}),
+                    "other channel": await edit(elsewhere.id, {"content": "x"}),
+                    "too long": await edit(mine.id, {"content": "x" * 2001}),
+                    "emptied": await edit(mine.id, {"content": ""}),
+                    "mentions": await edit(mine.id, {"content": "x", "allowed_mentions": {"parse": ["everyone", "x"]}}),
+                }
+                await fake.deny_bot(fake.text_channel, 1 << 38)  # Send Messages in Threads
+                with pytest.raises(discord.Forbidden) as no_posts:
+                    await thread.send("after the denial")
+            finally:
+                await client.close()
+        fake.assert_clean()
+
+    codes = {why: (exc.status, exc.code) for why, exc in refused.items()}
+    assert codes == {"unknown": (404, 10008), "not mine": (403, 50005), "other channel": (404, 10008),
+                     "too long": (400, 50035), "emptied": (400, 50006), "mentions": (400, 50035)}
+    assert no_posts.value.code == 50013
+    assert [m["content"] for m in fake.thread_messages(thread.id)] == ["mine", "hers"]
+    assert fake.state.message_edits == {}
+
+
+async def test_the_sixth_write_in_a_channel_within_the_window_is_a_429_discord_py_waits_out():
+    """Creates and edits share the channel's write limit; the 429 carries Discord's body and headers, with
+    `Via` (without it discord.py would take it for Cloudflare's ban page and raise)."""
+    now = [100.0]
+    async with FakeDiscord(clock=lambda: now[0], write_window_s=0.3) as fake:
+        client = discord.Client(intents=discord.Intents.default())
+        with point_discord_py_at(fake):
+            await client.login(fake.token)
+            try:
+                channel = client.get_partial_messageable(fake.text_channel.id)
+                first = await channel.send("1")
+                await channel.send("2")
+                await channel.send("3")
+                await first.edit(content="1, edited")
+                await first.edit(content="1, edited twice")
+                sixth = asyncio.create_task(channel.send("6"))
+                await fake.journal.wait_for(lambda: fake.state.rate_limited, 15)
+                now[0] += 0.3  # the window passes on the fake's clock while discord.py sleeps retry_after
+                sent = await asyncio.wait_for(sixth, 15)
+            finally:
+                await client.close()
+        fake.assert_clean()
+
+    limited = next(c for c in fake.journal.rest if c.status == 429)
+    assert limited.method == "POST" and limited.body["content"] == "6"
+    assert limited.response == {"message": "The channel you are writing has hit the write rate limit",
+                                "retry_after": 0.3, "global": False, "code": 20028}
+    headers = limited.response_headers
+    assert headers["Via"] and headers["X-RateLimit-Scope"] == "shared" and headers["X-RateLimit-Remaining"] == "0"
+    assert (headers["Retry-After"], headers["X-RateLimit-Reset-After"], headers["X-RateLimit-Limit"]) == ("1", "0.300", "5")
+    assert fake.state.rate_limited[0] == fake.text_channel.id
+    assert sent.content == "6" and fake.rest_calls("POST", f"/channels/{fake.text_channel.id}/messages")[-1].status == 200
+    assert [m["content"] for m in fake.state.messages] == ["1, edited twice", "2", "3", "6"]
+
+
+async def test_the_fake_records_who_a_message_would_ping():
+    async with FakeDiscord() as fake:
+        client = discord.Client(intents=discord.Intents.default())
+        alice = fake.add_user("alice")
+        with point_discord_py_at(fake):
+            await client.login(fake.token)
+            try:
+                channel = client.get_partial_messageable(fake.text_channel.id)
+                loud = await channel.send(f"@everyone look, <@{alice.id}>")  # no allowed_mentions: all parsed
+                await channel.send(f"@everyone look, <@{alice.id}>", allowed_mentions=discord.AllowedMentions.none())
+                await channel.send(f"\\@everyone <@\u200b{alice.id}> @\u200bhere <#{fake.text_channel.id}>")
+                await loud.edit(content="<@&42>", allowed_mentions=discord.AllowedMentions(roles=False))
+            finally:
+                await client.close()
+        fake.assert_clean()
+    assert fake.state.pinged == [{"message_id": str(loud.id), "everyone": True, "users": [str(alice.id)],
+                                  "roles": []}]

@@ -75,7 +75,7 @@ async def test_commands_sync_with_only_the_intents_needed_and_status_is_an_ephem
         status = await svc.command("talk status", user=svc.guest)
     (sync,) = svc.fake.rest_calls("PUT", f"/applications/{svc.fake.state.application_id}/commands")
     groups = {c["name"]: sorted(o["name"] for o in c["options"]) for c in sync.body}
-    assert groups == {"talk": ["join", "leave", "status"], "runs": ["list", "show", "stop"],
+    assert groups == {"talk": ["captions", "join", "leave", "mode", "status"], "runs": ["list", "show", "stop"],
                       "transcripts": ["search", "show"],
                       "callbacks": ["disable", "enable", "list", "register", "remove", "update"]}
     identify = svc.fake.gateway.sessions[0].identify

@@ -13,6 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import discord
 from discord import app_commands
@@ -22,10 +23,11 @@ from bot.listener_delivery import ListenerDelivery
 from bot.runs import RunService
 from bot.settings import Settings, SettingsError, realtime_api_key
 from bot.store import Store, StoreError
+from listener.commands import addresses_agent
 from voice.call.identity import build_identity
 from voice.call.providers import ProviderConfigError, make_provider
 
-from .calls import CallManager
+from .calls import CallManager, RoomOptions
 from .commands import RunsGroup, TalkGroup
 from .embeds import OK, WARN, info_embed
 from .gate import OperatorGate
@@ -59,7 +61,8 @@ class SwitchboardBot(discord.Client):
         self.store: Store | None = None  # set by serve before the gateway opens
         self.calls = CallManager(self, runs=lambda: self._runs(), gate=self.gate, provider=self._provider,
                                  identity=lambda memory: build_identity(settings.home, settings.identity_include, memory=memory),
-                                 deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s)
+                                 deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s,
+                                 room=room_options(settings))
         self.tree.add_command(TalkGroup(self))
         self.tree.add_command(RunsGroup(self))
         self.tree.add_command(TranscriptsGroup(self))
@@ -116,11 +119,23 @@ class SwitchboardBot(discord.Client):
             if receiver is not None:
                 counters = ", ".join(f"{k} {v}" for k, v in receiver.nonzero_stats().items()) or "none"
                 embed.add_field(name="receiver", value=counters[:1024], inline=False)
+                trouble = [f"<@{u}>: {h['state']} ({h.get('reason') or 'no audio'}, {h['failed']} packets lost)"
+                           for u, h in sorted(receiver.member_health().items()) if h.get("state") != "ok"]
+                if trouble:
+                    embed.add_field(name="can't hear", value="\n".join(trouble)[:1024], inline=False)
+                    embed.colour = WARN
             turns = [t for t in status.get("recent_turns", []) if t]
             if turns:
                 lines = [", ".join(f"{name.replace('_', ' ')} {ms:.0f} ms" for name, ms in t.items()) for t in turns[-3:]]
                 embed.add_field(name="last turns (from end of speech)", value="\n".join(lines)[:1024], inline=False)
             embed.add_field(name="voice activity", value=str(status.get("vad") or "server"), inline=True)
+            embed.add_field(name="captions", value=(call.captions.status() if call.captions else "off")[:1024],
+                            inline=True)
+            audio = status.get("audio", {})
+            counters = audio.get("counters", {})
+            embed.add_field(name="answers", value=f"{audio.get('reply_to', 'everyone')}; {counters.get('turns', 0)} turns, "
+                            f"{counters.get('unanswered', 0)} left unanswered, {counters.get('backchannels', 0)} "
+                            f"backchannels, {counters.get('barge_ins', 0)} interruptions", inline=False)
         lanes = ", ".join(s.agent_lanes)
         embed.add_field(name="agent lanes", value=lanes, inline=True)
         embed.add_field(name="operators", value=str(len(self.gate.operators)) if self.gate.operators else
@@ -131,6 +146,14 @@ class SwitchboardBot(discord.Client):
                             inline=False)
             embed.colour = WARN
         return embed
+
+
+def room_options(settings: Settings) -> RoomOptions:
+    """How calls treat the room; addressed mode uses the listener's direct-address rule (one implementation)."""
+    addressed = partial(addresses_agent, agent_name=settings.agent_name, aliases=settings.activation_names)
+    return RoomOptions(reply_to=settings.reply_to, followup_s=settings.followup_s,
+                       min_interruption_ms=settings.min_interruption_ms, captions=settings.captions,
+                       addressed=addressed, agent_name=settings.agent_name)
 
 
 def missing_settings(settings: Settings) -> list[str]:

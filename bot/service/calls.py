@@ -1,7 +1,9 @@
-"""One call per guild, each with its own engine, catalogue, transport and playback; nothing global.
+"""One call per guild, each with its own engine, catalogue, transport and playback; one speech
+detector (`room_vad`) shared by every member of every call.
 
-Joining connects `ListeningVoiceClient`, feeds every speaker's audio into a `RoomTransport`, plays
-the assistant through its `PlaybackSource`, and runs a `CallEngine` in local endpointing whose
+Joining connects `ListeningVoiceClient`, feeds every member's audio into a `RoomTransport` (each on
+their own), plays the assistant through its `PlaybackSource`, and runs a `CallEngine` in local
+endpointing — a turn per speaker, answered one at a time, to everyone or only when addressed — whose
 mutating tools go through the operator gate. Leaving stops the engine first (tool outputs settle,
 undelivered announcements resolve), then leaves voice. A per-guild lock orders join and leave, so
 a join right after a leave waits for discord.py to let go of the old voice client.
@@ -21,21 +23,34 @@ from bot.listener_tools import known_facts, transcript_tools
 from bot.runs import RunService, run_tools
 from listener.archive import Archive
 from voice.call.attribution import CallInfo
-from voice.call.core import CallOptions
-from voice.call.engine import CallEngine, CallFailed, speech_detector
+from voice.call.core import REPLY_MODES, CallOptions, ShowTranscript
+from voice.call.engine import CallEngine, CallFailed, room_vad
 from voice.call.identity import Identity, MemorySource
 from voice.call.providers import RealtimeProvider
 from voice.call.tools import ToolCatalogue
-from voice.call.vad import VadConfig
+from voice.call.vad import VadBank, VadConfig
 from voice.media.discord_client import ListeningVoiceClient
 from voice.media.room import RoomTransport
 
+from .captions import CaptionThread
 from .gate import OperatorGate
 
 log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 20.0
 LEAVE_TIMEOUT_S = 8.0
+
+
+@dataclass(frozen=True)
+class RoomOptions:
+    """How a call treats the room (SWITCHBOARD_REPLY_TO, _FOLLOWUP_S, _MIN_INTERRUPTION_MS, _CAPTIONS)."""
+
+    reply_to: str = "everyone"
+    followup_s: float = 15.0
+    min_interruption_ms: int = 400
+    captions: bool = False
+    addressed: Callable[[str], bool] | None = None  # the direct-address rule (the listener's, one implementation)
+    agent_name: str = "Ares"
 
 
 @dataclass
@@ -53,13 +68,19 @@ class GuildCall:
     deaf_watch: asyncio.Task | None = None
     idle_timer: asyncio.Task | None = None
     rejoined: bool = False
+    unheard: dict[int, str] = field(default_factory=dict)  # members named as unheard (user id -> name)
+    captions: CaptionThread | None = None
 
 
 class CallManager:
     def __init__(self, client: discord.Client, *, runs: Callable[[], RunService], gate: OperatorGate,
                  provider: Callable[[], RealtimeProvider], identity: Callable[[MemorySource], Identity],
-                 deaf_after_s: float = 5.0, idle_leave_s: float = 120.0) -> None:
+                 deaf_after_s: float = 5.0, idle_leave_s: float = 120.0,
+                 room: RoomOptions | None = None) -> None:
         self._client = client
+        self.room = room or RoomOptions()
+        self._vad: VadBank | None = None  # loaded at the first join, then shared by every call
+        self._closing: set[asyncio.Task] = set()
         self._deaf_after_s = deaf_after_s
         self._idle_leave_s = idle_leave_s
         self._runs = runs
@@ -95,29 +116,88 @@ class CallManager:
                                           self_deaf=False, timeout=CONNECT_TIMEOUT_S, reconnect=True)
             assert isinstance(voice, ListeningVoiceClient)
             loop = asyncio.get_running_loop()
-            transport = RoomTransport(names=lambda user_id: _display_name(guild, user_id), loop=loop)
+            if self._vad is None:
+                self._vad = await asyncio.to_thread(room_vad, log)  # loading the model takes ~0.2 s, once
+            transport = RoomTransport(names=lambda user_id: _display_name(guild, user_id), loop=loop, vad=self._vad)
             voice.add_sink(transport.on_speech)
             runs = self._runs()
             catalogue = ToolCatalogue(self._gate, [*run_tools(runs), *transcript_tools(Archive(runs.store))])
-            vad = VadConfig()
-            detector = await asyncio.to_thread(speech_detector, vad, log)  # loading the model takes ~0.2 s
+            room = self.room
+            options = CallOptions(endpointing="local", vad=VadConfig(), reply_to=room.reply_to,
+                                  addressed=room.addressed, followup_s=room.followup_s,
+                                  min_interruption_ms=room.min_interruption_ms)
             info = CallInfo(f"g{guild.id}-{int(time.time())}", guild.id, channel.id)
             memory = await known_facts(Archive(runs.store))  # what the user's phone calls taught
-            engine = CallEngine(provider, transport, catalogue, self._identity(memory),
-                                options=CallOptions(endpointing="local", vad=vad), call=info, detector=detector)
+            engine = CallEngine(provider, transport, catalogue, self._identity(memory), options=options, call=info,
+                                vad_name=self._vad.name,
+                                on_transcript=lambda line, g=guild: self._caption(g, line))
             voice.play(transport.source)
             detach = runs.attach(engine)
             task = asyncio.create_task(engine.run(), name=f"call-{guild.id}")
             call = GuildCall(guild.id, channel.id, voice, transport, engine, task, detach, requested_by=requested_by,
                              text_channel_id=text_channel_id, rejoined=rejoined)
             self._calls[guild.id] = call
-            call.deaf_watch = asyncio.create_task(voice.watch_deafness(lambda g=guild, c=channel: self._deaf(g, c)),
-                                                  name=f"deaf-{guild.id}")
+            if room.captions:
+                await self._start_captions(guild, call, channel)
+            call.deaf_watch = asyncio.create_task(
+                voice.watch_deafness(lambda g=guild, c=channel: self._deaf(g, c),
+                                     on_unheard=lambda user_id, g=guild, c=channel: self._unheard(g, c, user_id)),
+                name=f"deaf-{guild.id}")
             task.add_done_callback(lambda t, g=guild.id: self._engine_ended(g, t))
             log.info("call %s: joined channel %s of guild %s", info.call_id, channel.id, guild.id)
             self._watch_idle(guild, call)
+            mode = ("I answer everyone." if options.reply_to == "everyone" else
+                    f"I answer only when someone says my name ({room.agent_name}) first, and then their follow-ups.")
             return (f"Talking in <#{channel.id}> with {provider.name} {provider.model}, voice {provider.voice}. "
-                    "Everyone can talk; only operators can start or stop work.")
+                    f"Everyone can talk; only operators can start or stop work. {mode}")
+
+    async def set_captions(self, guild: discord.Guild, on: bool) -> str:
+        """`/talk captions`: a thread of captions for this call, or none."""
+        call = self._calls.get(guild.id)
+        if call is None:
+            raise LookupError("I am not in a voice channel here.")
+        if not on:
+            captions, call.captions = call.captions, None
+            if captions is not None:
+                await captions.close()
+            return "Captions are off."
+        if call.captions is None:
+            channel = guild.get_channel(call.channel_id)
+            await self._start_captions(guild, call, channel)
+        captions = call.captions
+        return f"Captions: {captions.status()}" if captions is not None else \
+            "Captions need a text channel: use `/talk join` in one."
+
+    async def _start_captions(self, guild: discord.Guild, call: GuildCall, channel: object) -> None:
+        text = guild.get_channel(call.text_channel_id) if call.text_channel_id is not None else None
+        if not isinstance(text, discord.TextChannel):
+            log.warning("call %s: captions need a text channel; /talk join was not used in one", call.engine.call.call_id)
+            return
+        call.captions = CaptionThread(text, agent_name=self.room.agent_name,
+                                      voice_channel_name=getattr(channel, "name", None), call_id=call.engine.call.call_id)
+        await call.captions.start()
+
+    def _caption(self, guild: discord.Guild, line: ShowTranscript) -> None:
+        """A line of the conversation: to the captions thread, when this call has one (never raises)."""
+        call = self._calls.get(guild.id)
+        if call is None or call.captions is None:
+            return
+        name = line.name or (_display_name(guild, line.speaker) if line.speaker is not None else None)
+        call.captions.add(line.role, name or "someone", line.text)
+
+    def set_mode(self, guild_id: int, mode: str) -> str:
+        """`/talk mode`: answer everyone, or only turns addressed to the assistant, in this call."""
+        call = self._calls.get(guild_id)
+        if call is None:
+            raise LookupError("I am not in a voice channel here.")
+        if mode not in REPLY_MODES:
+            raise ValueError(f"mode must be one of {', '.join(REPLY_MODES)}")
+        call.engine.core.set_reply_to(mode)
+        log.info("call %s: reply mode %s", call.engine.call.call_id, mode)
+        if mode == "everyone":
+            return "I'll answer everyone in this call."
+        return (f"I'll answer only when someone starts with my name ({self.room.agent_name}, …), and their "
+                f"follow-ups within {self.room.followup_s:g} s.")
 
     async def leave(self, guild_id: int, *, reason: str) -> str:
         async with self._lock(guild_id):
@@ -125,6 +205,8 @@ class CallManager:
 
     async def leave_all(self, reason: str) -> None:
         await asyncio.gather(*(self.leave(g, reason=reason) for g in list(self._calls)), return_exceptions=True)
+        if self._closing:  # captions flush their last lines (each bounded) before the gateway closes
+            await asyncio.gather(*self._closing, return_exceptions=True)
 
     async def _leave_locked(self, guild_id: int, reason: str) -> str:
         call = self._calls.pop(guild_id, None)
@@ -133,6 +215,10 @@ class CallManager:
         for task in (call.deaf_watch, call.idle_timer):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
+        if call.captions is not None:  # what is pending goes out (bounded), without holding up the leave
+            closing = asyncio.get_running_loop().create_task(call.captions.close(), name=f"captions-{guild_id}")
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
         call.detach()
         call.engine.stop()
         call.transport.close()
@@ -170,6 +256,21 @@ class CallManager:
             return
         await self._say(text, f"I stopped hearing anyone in <#{channel.id}> (audio arrived but did not decode), "
                               "so I rejoined.")
+
+    async def _unheard(self, guild: discord.Guild, channel: discord.abc.Connectable, user_id: int) -> None:
+        """One member's audio arrives but never decrypts or decodes: name them once, say what to try."""
+        call = self._calls.get(guild.id)
+        if call is None:
+            return
+        name = _display_name(guild, user_id) or "someone"
+        health = call.voice.receiver.member_health().get(user_id, {}) if call.voice.receiver else {}
+        what = ("arrives corrupted" if health.get("reason") == "opus_fail"
+                else "arrives but does not decrypt (their end-to-end encryption is out of step)")
+        call.unheard[user_id] = name
+        await self._say(call.text_channel_id,
+                        f"I can't hear {discord.utils.escape_mentions(discord.utils.escape_markdown(name))} "
+                        f"(<@{user_id}>) in <#{channel.id}>: their audio {what}. Leaving and rejoining the voice "
+                        "channel, or updating or restarting their Discord app, usually fixes it.")
 
     async def _say(self, channel_id: int | None, text: str) -> None:
         if channel_id is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import discord
 from discord import app_commands
@@ -92,6 +92,36 @@ class TalkGroup(app_commands.Group):
         await interaction.response.defer(thinking=True)
         summary = await self.bot.calls.leave(interaction.guild.id, reason=f"/talk leave by {interaction.user.id}")
         await interaction.followup.send(embed=info_embed("Left the call", summary))
+
+    @app_commands.command(name="mode", description="Answer everyone, or only when addressed by name (operators)")
+    @app_commands.describe(mode="everyone: answer every turn; addressed: only turns that start with my name")
+    async def mode(self, interaction: discord.Interaction, mode: Literal["everyone", "addressed"]) -> None:
+        if not self.bot.gate.is_operator(interaction.user.id):
+            await _refuse(interaction, _operator_refusal(self.bot, interaction.user, "change how I answer"))
+            return
+        try:
+            summary = self.bot.calls.set_mode(interaction.guild_id or 0, mode)
+        except LookupError as exc:
+            await _refuse(interaction, str(exc))
+            return
+        await interaction.response.send_message(embed=info_embed("Answer mode", summary))
+
+    @app_commands.command(name="captions", description="Live captions of this call in a thread (operators)")
+    @app_commands.describe(state="on: a thread with a line per turn; off: stop")
+    async def captions(self, interaction: discord.Interaction, state: Literal["on", "off"]) -> None:
+        if not self.bot.gate.is_operator(interaction.user.id):
+            await _refuse(interaction, _operator_refusal(self.bot, interaction.user, "turn captions on or off"))
+            return
+        if interaction.guild is None or not self.bot.calls.active(interaction.guild.id):
+            await _refuse(interaction, "I am not in a voice channel here.")
+            return
+        await interaction.response.defer(thinking=True)
+        try:
+            summary = await self.bot.calls.set_captions(interaction.guild, state == "on")
+        except LookupError as exc:
+            await _refuse(interaction, str(exc))
+            return
+        await interaction.followup.send(embed=info_embed("Captions", summary))
 
     @app_commands.command(name="status", description="What the call is doing, who has been heard, the agent lanes")
     async def status(self, interaction: discord.Interaction) -> None:

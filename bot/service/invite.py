@@ -5,8 +5,9 @@ from __future__ import annotations
 import base64
 import binascii
 
-# View Channel, Send Messages, Embed Links, Connect, Speak
-PERMISSIONS = (1 << 10) | (1 << 11) | (1 << 14) | (1 << 20) | (1 << 21)
+# View Channel, Send Messages, Embed Links, Connect, Speak; Create Public Threads and Send Messages in
+# Threads for a call's live captions (a thread under the channel `/talk join` was used in).
+PERMISSIONS = (1 << 10) | (1 << 11) | (1 << 14) | (1 << 20) | (1 << 21) | (1 << 35) | (1 << 38)
 SCOPES = "bot%20applications.commands"
 
 

@@ -26,7 +26,8 @@ import davey
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-__all__ = ["PROTOCOL_VERSION", "ExternalSender", "DaveGroup", "GroupMember", "mls_varint", "mls_vector"]
+__all__ = ["PROTOCOL_VERSION", "ExternalSender", "DaveGroup", "GroupMember", "diverged_session", "mls_varint",
+           "mls_vector"]
 
 #: DAVE protocol version used for every session the rig creates.
 PROTOCOL_VERSION: int = davey.DAVE_PROTOCOL_VERSION or 1
@@ -276,3 +277,14 @@ class DaveGroup:
                 self._leaves.append(newcomer.user_id)
         while self._leaves and self._leaves[-1] is None:
             self._leaves.pop()
+
+
+def diverged_session(channel_id: int, user_id: int, peer_id: int = 1) -> davey.DaveSession:
+    """A ready session for ``user_id`` in a group of its own on ``channel_id``: a client whose MLS
+    state diverged from the channel's. Its frames are genuine DAVE frames that no member of the
+    real group can decrypt (davey: ``NoValidCryptorFound``). ``peer_id`` is the other member a
+    group needs before it is ready."""
+    group = DaveGroup(channel_id)
+    session = group.join(user_id)
+    group.join(peer_id)
+    return session

@@ -12,6 +12,14 @@ Every received client event and every sent server event is checked with
 (and an ``error`` event is sent instead of processing / instead of the bad
 event).  ``RawReply`` / ``send_to_all(..., raw=True)`` bypass validation.
 
+Input transcription (when the session sets ``audio.input.transcription``): each
+committed user item gets ``conversation.item.input_audio_transcription.completed``
+(or ``.failed``), ``transcript_delay_ms`` after the commit.  Its speaker is the
+user id named (``user id 123``) by the last system message item the client
+created since the previous commit; the text comes from ``user_transcripts``
+(flat, first), else ``transcripts`` (per speaker), else a placeholder.  See
+:meth:`FakeRealtime.next_transcript`; ``fake.transcribed`` records the results.
+
 Simplifications: audio must be ``audio/pcm`` 24 kHz (VAD is RMS-based on 20 ms
 frames: speech when ``rms/32768 >= 0.1 * threshold``, i.e. 0.05 for the
 default threshold 0.5); responses are audio-only; ``output_audio_buffer.clear``
@@ -27,6 +35,7 @@ import inspect
 import itertools
 import signal
 import sys
+from collections.abc import Mapping, Sequence
 from typing import Any, Callable, Optional, Union
 from urllib.parse import parse_qs, urlsplit
 
@@ -50,7 +59,12 @@ from .fake_realtime_replies import (  # noqa: F401  (re-exported)
 )
 
 __all__ = ["FakeRealtime", "AudioReply", "ToolCallReply", "ErrorReply", "DropReply", "RawReply",
-           "ReplyContext", "tone_pcm16", "silence_pcm16", "b64", "SAMPLE_RATE", "BYTES_PER_MS"]
+           "ReplyContext", "SpeakerTranscripts", "tone_pcm16", "silence_pcm16", "b64", "SAMPLE_RATE",
+           "BYTES_PER_MS"]
+
+# {speaker_id: [text or None (= failed), ...]} or (speaker_id, ordinal, audio_ms) -> text or None.
+SpeakerTranscripts = Union[Mapping[Optional[int], Sequence[Optional[str]]],
+                           Callable[[Optional[int], int, int], Optional[str]]]
 
 
 class FakeRealtime:
@@ -58,11 +72,25 @@ class FakeRealtime:
 
     def __init__(self, script: Union[None, list, Callable[[ReplyContext], Any]] = None, *,
                  default_reply: Optional[Reply] = None, user_transcripts: Optional[list] = None,
+                 transcripts: Optional[SpeakerTranscripts] = None, transcript_delay_ms: int = 0,
                  model: str = "gpt-realtime", require_auth: bool = False,
                  vad_rms_threshold: Optional[float] = None, host: str = "127.0.0.1", port: int = 0):
         self.script = list(script) if isinstance(script, (list, tuple)) else script
         self.default_reply = default_reply or AudioReply("Okay.")
         self.user_transcripts = list(user_transcripts or [])
+        self._queues: dict[Optional[int], list[Optional[str]]] = {}
+        if isinstance(transcripts, Mapping):
+            if any(not (k is None or isinstance(k, int)) for k in transcripts):
+                raise TypeError("transcripts: keys are Discord user ids (int) or None")
+            self._queues = {k: list(v) for k, v in transcripts.items()}
+        elif transcripts is not None and not callable(transcripts):
+            raise TypeError("transcripts: a {user_id: [text, ...]} mapping or a callable")
+        if transcript_delay_ms < 0:
+            raise ValueError("transcript_delay_ms must be >= 0")
+        self.transcripts = transcripts
+        self.transcript_delay_ms = transcript_delay_ms
+        self.transcribed: list[tuple[Optional[int], str, str]] = []  # (speaker, item_id, text; "" = failed)
+        self._speaker_turns: dict[Optional[int], int] = {}
         self.model, self.require_auth, self.host, self.port = model, require_auth, host, port
         self.vad_rms_threshold = vad_rms_threshold
         self.received: list[dict] = []
@@ -87,8 +115,7 @@ class FakeRealtime:
 
     async def __aexit__(self, *exc: Any) -> None:
         for c in list(self._conns):
-            if c.active and c.active.task:
-                c.active.task.cancel()
+            c.cancel_tasks()
         self._server.close()
         try:
             await asyncio.wait_for(self._server.wait_closed(), 0.5)
@@ -121,8 +148,7 @@ class FakeRealtime:
             pass
         finally:
             self._conns.remove(conn)
-            if conn.active and conn.active.task and conn.active.task is not asyncio.current_task():
-                conn.active.task.cancel()
+            conn.cancel_tasks()
 
     # ---- helpers for tests
     def new_id(self, prefix: str) -> str:
@@ -138,6 +164,21 @@ class FakeRealtime:
         elif self.script:
             reply = self.script.pop(0)
         return reply or self.default_reply
+
+    def next_transcript(self, speaker: Optional[int], audio_ms: int) -> Optional[str]:
+        """What ``speaker`` said in a committed turn of ``audio_ms`` (None: transcription fails).
+
+        ``user_transcripts`` is used first while it lasts; then a callable ``transcripts`` gets
+        ``(speaker, ordinal, audio_ms)`` (ordinal: 0-based count of this speaker's earlier turns,
+        all connections), a mapping yields the speaker's next text; otherwise a placeholder."""
+        ordinal = self._speaker_turns.get(speaker, 0)
+        self._speaker_turns[speaker] = ordinal + 1
+        if self.user_transcripts:
+            return self.user_transcripts.pop(0)
+        if callable(self.transcripts):
+            return self.transcripts(speaker, ordinal, audio_ms)
+        queue = self._queues.get(speaker)
+        return queue.pop(0) if queue else f"<{audio_ms} ms of user audio>"
 
     @property
     def session(self) -> Optional[dict]:

@@ -22,6 +22,8 @@ from .fake_realtime_replies import (
     RawReply,
     ReplyContext,
     run_response,
+    speaker_named,
+    transcription_event,
 )
 from .realtime_schema import SchemaViolation, validate_client_event, validate_server_event
 
@@ -61,6 +63,8 @@ class Conn:
         self.speech_item: Optional[str] = None
         self.active: Optional[ActiveResponse] = None
         self.audio_out = False
+        self.turn_speaker: Optional[int] = None  # named by the last system item since the last commit
+        self.transcriptions: set[asyncio.Task] = set()  # delayed transcription events
 
     # ---- plumbing used by the reply streamers
     def new_id(self, prefix: str) -> str:
@@ -68,6 +72,13 @@ class Conn:
 
     def abort(self) -> None:
         self.ws.transport.abort()
+
+    def cancel_tasks(self) -> None:
+        """Stop the active response and pending transcriptions (connection or server closing)."""
+        me = asyncio.current_task()
+        for task in [self.active.task if self.active else None, *self.transcriptions]:
+            if task is not None and task is not me:
+                task.cancel()
 
     def voice(self, params: dict) -> Any:
         out = (params.get("audio") or {}).get("output") or {}
@@ -216,16 +227,31 @@ class Conn:
         item = {"id": item_id, "object": "realtime.item", "type": "message", "role": "user",
                 "status": "completed", "content": [{"type": "input_audio", "transcript": None}]}
         nbytes, self.buffer = len(self.buffer), bytearray()
+        speaker, self.turn_speaker = self.turn_speaker, None
         self.audio_bytes[item_id] = nbytes
         await self.conv_add(item)
         await self.conv_done(item)
-        if self.session["audio"]["input"].get("transcription"):
-            text = self.fake.user_transcripts.pop(0) if self.fake.user_transcripts else \
-                f"<{nbytes // BYTES_PER_MS} ms of user audio>"
+        transcription = self.session["audio"]["input"].get("transcription")
+        if transcription:
+            text = self.fake.next_transcript(speaker, nbytes // BYTES_PER_MS)
+            event = transcription_event(item_id, text, nbytes // BYTES_PER_MS, transcription.get("model"))
+            delay_ms = self.fake.transcript_delay_ms
+            if delay_ms <= 0:  # inline: before anything else this connection sends (as before delays existed)
+                await self._deliver_transcription(item, speaker, event, 0)
+            else:
+                task = asyncio.create_task(self._deliver_transcription(item, speaker, event, delay_ms))
+                self.transcriptions.add(task)
+                task.add_done_callback(self.transcriptions.discard)
+                task.add_done_callback(self._task_done)
+
+    async def _deliver_transcription(self, item: dict, speaker: Optional[int], event: dict, delay_ms: int) -> None:
+        if delay_ms:
+            await asyncio.sleep(delay_ms / 1000)
+        text = event.get("transcript")
+        if text is not None:
             item["content"][0]["transcript"] = text
-            await self.send({"type": "conversation.item.input_audio_transcription.completed", "item_id": item_id,
-                             "content_index": 0, "transcript": text,
-                             "usage": {"type": "duration", "seconds": nbytes / BYTES_PER_MS / 1000}})
+        self.fake.transcribed.append((speaker, item["id"], text or ""))
+        await self.send(event)
 
     async def on_input_audio_buffer_commit(self, ev: dict) -> None:
         item_id = self.speech_item if self.speaking else None
@@ -264,6 +290,9 @@ class Conn:
             self.audio_bytes[item["id"]] = nbytes
         await self.conv_add(item, self.items[index - 1]["id"] if index else None, index)
         await self.conv_done(item)
+        if item.get("type") == "message" and item.get("role") == "system":
+            self.turn_speaker = speaker_named("\n".join(
+                p.get("text") or "" for p in item.get("content") or [] if p.get("type") == "input_text"))
 
     async def on_conversation_item_delete(self, ev: dict) -> None:
         item = self.find(ev["item_id"])
@@ -349,7 +378,7 @@ class Conn:
 
     def _task_done(self, task: asyncio.Task) -> None:
         if not task.cancelled() and task.exception() is not None:
-            self.fake.violations.append(f"fake server bug in response task: {task.exception()!r}")
+            self.fake.violations.append(f"fake server bug in a background task: {task.exception()!r}")
 
 
 def default_session(session_id: str, model: str) -> dict:

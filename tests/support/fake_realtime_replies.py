@@ -128,6 +128,38 @@ def _split_text(text: str, n: int) -> list[str]:
     return ["".join(words[i * len(words) // n:(i + 1) * len(words) // n]) for i in range(n)]
 
 
+# --------------------------------------------------------------------------- input transcription
+_SPEAKER_ID = re.compile(r"\buser id (\d+)")
+
+
+def speaker_named(note: str) -> Optional[int]:
+    """The one user id a speaker note names (``... spoken by user id 123 ...``); None if it names
+    none or several (e.g. a display name that spoofs a second ``user id``)."""
+    ids = set(_SPEAKER_ID.findall(note))
+    return int(ids.pop()) if len(ids) == 1 else None
+
+
+def transcription_event(item_id: str, text: Optional[str], audio_ms: int, model: Any) -> dict:
+    """GA ``...input_audio_transcription.completed`` for ``text``, ``.failed`` when text is None.
+
+    Usage follows the billing of the ASR model: ``duration`` for whisper-1, ``tokens`` otherwise
+    (audio tokens approximated as one per 100 ms, output tokens as one per word)."""
+    base = {"item_id": item_id, "content_index": 0}
+    if text is None:
+        return {"type": "conversation.item.input_audio_transcription.failed", **base,
+                "error": {"type": "transcription_error", "code": "audio_unintelligible",
+                          "message": "The audio could not be transcribed.", "param": None}}
+    if model == "whisper-1":
+        usage: dict = {"type": "duration", "seconds": audio_ms / 1000}
+    else:
+        audio_tokens, out = max(1, audio_ms // 100), len(text.split())
+        usage = {"type": "tokens", "input_tokens": audio_tokens, "output_tokens": out,
+                 "total_tokens": audio_tokens + out,
+                 "input_token_details": {"audio_tokens": audio_tokens, "text_tokens": 0}}
+    return {"type": "conversation.item.input_audio_transcription.completed", **base, "transcript": text,
+            "usage": usage}
+
+
 # --------------------------------------------------------------------------- streaming
 class StreamTarget(Protocol):  # implemented by fake_realtime_conn.Conn
     conv_id: str

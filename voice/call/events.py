@@ -38,6 +38,13 @@ class UserTranscript:
 
 
 @dataclass(frozen=True)
+class UserTranscriptFailed:
+    """The provider could not transcribe a committed user item."""
+
+    item_id: str | None
+
+
+@dataclass(frozen=True)
 class ResponseCreated:
     response_id: str
     metadata: dict[str, str] = field(default_factory=dict)
@@ -108,7 +115,8 @@ class Unhandled:
 HARMLESS_ERRORS = frozenset({"response_cancel_not_active"})
 
 ProviderEvent = (
-    SessionReady | SpeechStarted | SpeechStopped | InputCommitted | UserTranscript | ResponseCreated
+    SessionReady | SpeechStarted | SpeechStopped | InputCommitted | UserTranscript | UserTranscriptFailed
+    | ResponseCreated
     | AudioDelta | AudioDone | AssistantTranscript | FunctionCall | ResponseDone | ItemTruncated
     | ProviderError | Unhandled
 )

@@ -9,6 +9,7 @@ module and is built by the shell, so importing the call core never loads a model
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -75,7 +76,11 @@ class SpeechVad:
         self._quiet_run = 0
 
     def push(self, frame: bytes) -> str | None:
-        p = self.last_probability = self.detector.probability(frame)
+        return self.push_probability(self.detector.probability(frame))
+
+    def push_probability(self, p: float) -> str | None:
+        """The same decision for a frame whose probability was computed elsewhere (a batched VAD)."""
+        self.last_probability = p
         if not self.speaking:
             self._voiced_run = self._voiced_run + self.frame_ms if p >= self.config.speech_threshold else 0
             if self._voiced_run >= self.config.start_ms:
@@ -126,3 +131,69 @@ class LocalEndpointer(Generic[T]):
             return decision, [(frame, tag)]
         self._prefix.append((frame, tag))
         return decision, []
+
+
+class VadStream(Protocol):
+    """One speaker's speech detector state inside a `VadBank`: frames in, a probability out after `run`."""
+
+    last: float
+
+    @property
+    def pending(self) -> bool: ...
+
+    def push(self, frame: bytes) -> bool: ...
+
+    def reset(self) -> None: ...
+
+
+class VadBank(Protocol):
+    """Speech detection for many streams at once (every member of every call): `push` each stream's
+    frame, then one `run` scores every stream with a window waiting — batched where the model allows."""
+
+    name: str
+
+    def stream(self) -> VadStream: ...
+
+    def run(self, streams: Iterable[VadStream]) -> int: ...
+
+
+class _DetectorStream:
+    __slots__ = ("detector", "last", "_frame")
+
+    def __init__(self, detector: SpeechDetector) -> None:
+        self.detector = detector
+        self.last = 0.0
+        self._frame: bytes | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self._frame is not None
+
+    def push(self, frame: bytes) -> bool:
+        self._frame = frame
+        return True
+
+    def reset(self) -> None:
+        self._frame = None
+        self.last = 0.0
+
+
+class DetectorBank:
+    """A `VadBank` of per-frame detectors, one per stream, scored one by one (no batching): the
+    loudness fallback, and any `SpeechDetector` a test injects."""
+
+    def __init__(self, make: Callable[[], SpeechDetector]) -> None:
+        self._make = make
+        self.name = make().name
+
+    def stream(self) -> _DetectorStream:
+        return _DetectorStream(self._make())
+
+    def run(self, streams: Iterable[VadStream]) -> int:
+        ran = 0
+        for stream in streams:
+            if isinstance(stream, _DetectorStream) and stream._frame is not None:
+                stream.last = stream.detector.probability(stream._frame)
+                stream._frame = None
+                ran += 1
+        return ran

@@ -176,12 +176,23 @@ class ListeningVoiceClient(discord.VoiceClient):
                 log.exception("speech sink %r failed", sink)
 
     async def watch_deafness(self, on_deaf: Callable[[], object] | None = None, *, interval_s: float = 1.0,
-                             sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
-        """Poll the receiver's deaf detector until cancelled; `on_deaf()` each time it goes deaf
-        (it is also logged and counted in the receiver's stats)."""
+                             sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                             on_unheard: Callable[[int], object] | None = None) -> None:
+        """Poll the receiver until cancelled: `on_deaf()` when the whole channel goes deaf (then stop:
+        a rejoin starts a new watch), `on_unheard(user_id)` once per member whose audio arrives but
+        does not decrypt or decode (both are also logged and counted in the receiver's stats)."""
         while True:
             await sleep(interval_s)
-            if self.receiver is not None and self.receiver.check_deaf() and on_deaf is not None:
+            receiver = self.receiver
+            if receiver is None:
+                continue
+            if receiver.check_deaf() and on_deaf is not None:
                 result = on_deaf()
                 if asyncio.iscoroutine(result):
                     await result
+                return
+            for user_id in receiver.poll_members():
+                if on_unheard is not None:
+                    result = on_unheard(user_id)
+                    if asyncio.iscoroutine(result):
+                        await result

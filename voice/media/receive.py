@@ -3,6 +3,8 @@
 One datagram, in order: parse RTP -> filter (RTCP, non-Opus, own, video) -> transport decrypt
 -> replay window -> strip extension body and padding -> attribute to a user (op 5 / op 12, else
 buffer and try DAVE keys) -> DAVE decrypt -> Opus decode -> `on_audio(user_id, ssrc, pcm)`.
+Every attributed packet also lands in the per-member hearing ledger (`hearing.py`): decoded to
+sound, or failed DAVE/Opus.
 
 The receiver owns no socket, thread or clock. `on_packet` is called on discord.py's socket
 reader thread and `on_ws_message` on the event loop, so both take one uncontended lock.
@@ -21,6 +23,7 @@ from typing import Any, Protocol
 import davey
 
 from .deaf import DeafDetector
+from .hearing import MemberHearing
 from .opus import FRAME_BYTES, OpusDecoder
 from .rtp import (
     DAVE_MAGIC,
@@ -68,6 +71,7 @@ COUNTERS = (
     "speaking_events",
     "deaf",
     "deaf_events",
+    "unheard_events",
 )
 
 
@@ -122,6 +126,8 @@ class Receiver:
     """Turns Discord voice datagrams into per-user PCM. See the module docstring for the order.
 
     `stats` maps every counter name (including each `dave_fail:<reason>`) to an int.
+    Two detectors share `deaf_after_s`: `check_deaf` (nothing decodes for anyone) and
+    `poll_members` (one member's packets keep failing while nothing of theirs is heard).
     """
 
     def __init__(
@@ -151,6 +157,8 @@ class Receiver:
         self._cipher: TransportCipher | None = None
         self._activity = 0
         self._deaf = DeafDetector(deaf_after_s)
+        self._sound = 0  # decoded frames other than the silence frame
+        self._hearing = MemberHearing(deaf_after_s)
         self._logged_errors: set[str] = set()
 
     # -- public -----------------------------------------------------------------------------
@@ -182,7 +190,7 @@ class Receiver:
         went_deaf = self._deaf.poll(
             self._clock() if now is None else now,
             self._activity + stats["speaking_events"],
-            stats["ok"],
+            self._sound,  # frames with sound: the unencrypted silence frame proves nothing decrypts
         )
         stats["deaf"] = int(self._deaf.deaf)
         if went_deaf:
@@ -190,6 +198,31 @@ class Receiver:
             log.warning("voice receive is deaf: packets or SPEAKING arrive but no audio decodes; stats=%s",
                         self.nonzero_stats())
         return went_deaf
+
+    def poll_members(self, now: float | None = None) -> list[int]:
+        """User ids that have just become unheard: for `deaf_after_s` seconds their packets kept
+        arriving and failing (DAVE decrypt or Opus decode) while nothing of theirs was heard.
+
+        Each member once per episode; a frame of theirs heard ends it, op 13 forgets them. Packets
+        of an SSRC with no known user are never attributed. While the channel-wide detector says
+        deaf (`check_deaf`; call it first), reports wait: that one message covers everyone.
+        """
+        with self._lock:
+            unheard = self._hearing.poll(self._clock() if now is None else now, hold=self._deaf.deaf)
+            health = self._hearing.health() if unheard else {}
+            self.stats["unheard_events"] += len(unheard)
+        for user_id in unheard:
+            log.warning("voice receive cannot hear user %s: their packets arrive but do not decode; %s",
+                        user_id, health[user_id])
+        return unheard
+
+    def member_health(self) -> dict[int, dict]:
+        """user id -> {"state": "ok"|"failing"|"unheard", "ok": n, "failed": n, "reason": str|None}
+        for every member with attributed packets: `ok` packets of theirs heard (the silence frame
+        excluded), `failed` ones dropped, `reason` the latest drop's counter name ("dave_fail:…" or
+        "opus_fail"). `state` is as of the last `poll_members`."""
+        with self._lock:
+            return self._hearing.health()
 
     def nonzero_stats(self) -> dict[str, int]:
         return {k: v for k, v in self.stats.items() if v}
@@ -278,7 +311,7 @@ class Receiver:
                 try:
                     frame = session.decrypt(user_id, _AUDIO, frame)
                 except Exception as exc:
-                    self._count_dave_failure(exc)
+                    self._count_dave_failure(user_id, exc)
                     return
             elif conn.dave_protocol_version and frame[-2:] == DAVE_MAGIC:
                 self.stats["dave_not_ready"] += 1
@@ -293,18 +326,22 @@ class Receiver:
             pcm = decoder.decode(opus)
         except ValueError:
             self.stats["opus_fail"] += 1
+            self._hearing.failed(user_id, "opus_fail")
             return
         self.stats["ok"] += 1
+        if opus != OPUS_SILENCE:  # sent unencrypted after every utterance: it proves nothing about them
+            self._hearing.heard(user_id)
+            self._sound += 1
         if len(pcm) == FRAME_BYTES:
             self._on_audio(user_id, ssrc, pcm)
             return
         for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):  # 40/60 ms packets
             self._on_audio(user_id, ssrc, pcm[i : i + FRAME_BYTES])
 
-    def _count_dave_failure(self, exc: Exception) -> None:
-        reason = _dave_reason(exc)
-        key = "dave_fail:" + reason
+    def _count_dave_failure(self, user_id: int, exc: Exception) -> None:
+        key = "dave_fail:" + _dave_reason(exc)
         self.stats[key] = self.stats.get(key, 0) + 1
+        self._hearing.failed(user_id, key)  # every reason: brief ones are told apart by time
 
     # -- unmapped speakers ---------------------------------------------------------------------
 
@@ -396,6 +433,7 @@ class Receiver:
 
     def _forget_user(self, user_id: int) -> None:
         self.roster.discard(user_id)
+        self._hearing.forget(user_id)
         for ssrc in [s for s, u in self._ssrc_user.items() if u == user_id]:
             del self._ssrc_user[ssrc]
             self._streams.pop(ssrc, None)

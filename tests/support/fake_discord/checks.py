@@ -1,4 +1,5 @@
-"""What real Discord rejects, with its error bodies: message/embed limits and command definitions.
+"""What real Discord rejects, with its error bodies: message/embed limits, thread bodies, command
+definitions; and who a message would ping.
 
 Error shape (what discord.py's `HTTPException` parses): `{"code", "message", "errors"}` where
 `errors` nests by JSON path down to `{"_errors": [{"code", "message"}]}`.
@@ -6,6 +7,7 @@ Error shape (what discord.py's `HTTPException` parses): `{"code", "message", "er
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -30,6 +32,8 @@ OPTIONS_MAX, CHOICES_MAX = 25, 25
 class DiscordError(Exception):
     """An HTTP error exactly as Discord would answer it."""
 
+    headers: dict[str, str] = {}
+
     def __init__(self, status: int, code: int, message: str, errors: dict | None = None) -> None:
         super().__init__(f"{status} {code} {message} {errors or ''}")
         self.status, self.code, self.message, self.errors = status, code, message, errors
@@ -41,8 +45,28 @@ class DiscordError(Exception):
         return body
 
 
+class RateLimitError(DiscordError):
+    """429 from a shared (per-channel) limit, with the body and headers Discord sends: discord.py retries
+    after `retry_after` only when a `Via` header is present (a 429 without it is Cloudflare's ban page)."""
+
+    def __init__(self, retry_after: float, *, limit: int, reset_at: float, bucket: str) -> None:
+        super().__init__(429, 20028, "The channel you are writing has hit the write rate limit")
+        self.retry_after = round(retry_after, 3)
+        self.headers = {"Retry-After": str(max(1, math.ceil(retry_after))), "X-RateLimit-Limit": str(limit),
+                        "X-RateLimit-Remaining": "0", "X-RateLimit-Reset": f"{reset_at:.3f}",
+                        "X-RateLimit-Reset-After": f"{self.retry_after:.3f}", "X-RateLimit-Bucket": bucket,
+                        "X-RateLimit-Scope": "shared", "Via": "1.1 google"}
+
+    def body(self) -> dict:
+        return {"message": self.message, "retry_after": self.retry_after, "global": False, "code": self.code}
+
+
 UNAUTHORIZED = DiscordError(401, 0, "401: Unauthorized")
+MISSING_ACCESS = DiscordError(403, 50001, "Missing Access")  # the bot cannot see the channel
 MISSING_PERMISSIONS = DiscordError(403, 50013, "Missing Permissions")
+NOT_THE_AUTHOR = DiscordError(403, 50005, "Cannot edit a message authored by another user")
+WRONG_CHANNEL_TYPE = DiscordError(400, 50024, "Cannot execute action on this channel type")
+THREAD_ARCHIVED = DiscordError(400, 50083, "Thread is archived")
 UNKNOWN_CHANNEL = DiscordError(404, 10003, "Unknown Channel")
 UNKNOWN_GUILD = DiscordError(404, 10004, "Unknown Guild")
 UNKNOWN_WEBHOOK = DiscordError(404, 10015, "Unknown Webhook")
@@ -103,8 +127,67 @@ def check_message(body: Any, *, at: Path = (), ephemeral_allowed: bool = False, 
         raise EMPTY_MESSAGE
 
 
+THREAD_NAME_MAX = 100
+THREAD_ARCHIVE_MINUTES = (60, 1440, 4320, 10080)
+SLOWMODE_MAX = 21600
+
+
+def check_thread(body: Any) -> None:
+    """Raise `DiscordError` for a start-thread-without-message body Discord would refuse: `name` 1-100
+    characters, `type` 10/11/12, `auto_archive_duration` one of 60/1440/4320/10080 (optional),
+    `invitable` a boolean, `rate_limit_per_user` 0-21600 or null."""
+    if not isinstance(body, dict):
+        raise DiscordError(400, 50035, "Invalid Form Body",
+                           _single((), "DICT_TYPE_CONVERT", "Only dictionaries may be used in a DictType"))
+    form = _Form()
+    name = body.get("name")
+    if name is None:
+        form.add(("name",), "BASE_TYPE_REQUIRED", "This field is required")
+    elif not isinstance(name, str) or not 1 <= len(name.strip()) <= THREAD_NAME_MAX:
+        form.add(("name",), "BASE_TYPE_BAD_LENGTH", f"Must be between 1 and {THREAD_NAME_MAX} in length.")
+    if body.get("type") not in (10, 11, 12):
+        form.add(("type",), "BASE_TYPE_CHOICES", "Value must be one of {10, 11, 12}.")
+    archive = body.get("auto_archive_duration")
+    if archive is not None and (isinstance(archive, bool) or archive not in THREAD_ARCHIVE_MINUTES):
+        form.add(("auto_archive_duration",), "BASE_TYPE_CHOICES",
+                 f"Value must be one of {set(THREAD_ARCHIVE_MINUTES)}.")
+    invitable = body.get("invitable")
+    if invitable is not None and not isinstance(invitable, bool):
+        form.add(("invitable",), "BASE_TYPE_BOOLEAN", "Must be either true or false.")
+    slowmode = body.get("rate_limit_per_user")
+    if slowmode is not None and (isinstance(slowmode, bool) or not isinstance(slowmode, int)
+                                 or not 0 <= slowmode <= SLOWMODE_MAX):
+        form.add(("rate_limit_per_user",), "NUMBER_TYPE_MAX", f"int value should be <= {SLOWMODE_MAX} and >= 0.")
+    form.raise_if_any()
+
+
 MENTION_KINDS = ("roles", "users", "everyone")
 MENTION_IDS_MAX = 100
+# What Discord parses as a mention in message content; a backslash before it shows it as text.
+_MENTION = re.compile(r"(?<!\\)(?:@(everyone|here)|<@!?(\d+)>|<@&(\d+)>)")
+
+
+def pinged(content: Any, allowed_mentions: dict | None) -> dict:
+    """Who a message with this content would mention, as Discord resolves it: `@everyone`/`@here`,
+    `<@id>`/`<@!id>` users and `<@&id>` roles, filtered by `allowed_mentions` (absent: all of them).
+    Returns `{"everyone": bool, "users": [ids], "roles": [ids]}`, empty lists and False when nobody."""
+    found: dict[str, Any] = {"everyone": False, "users": [], "roles": []}
+    for everyone, user, role in _MENTION.findall(content if isinstance(content, str) else ""):
+        if everyone:
+            found["everyone"] = True
+        elif user:
+            found["users"].append(user)
+        else:
+            found["roles"].append(role)
+    if allowed_mentions is None:
+        return found
+    parse = allowed_mentions.get("parse") or []
+    found["everyone"] = found["everyone"] and "everyone" in parse
+    for kind in ("users", "roles"):
+        if kind not in parse:
+            listed = {str(i) for i in allowed_mentions.get(kind) or []}
+            found[kind] = [i for i in found[kind] if i in listed]
+    return found
 
 
 def _check_allowed_mentions(form: _Form, at: Path, mentions: Any) -> None:

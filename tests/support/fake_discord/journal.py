@@ -11,12 +11,14 @@ from typing import Any
 @dataclass
 class RestCall:
     method: str
-    path: str  # without the /api/v10 prefix, e.g. "/channels/123/messages"
+    path: str  # as requested, e.g. "/api/v10/channels/123/messages" (match with endswith)
     query: dict[str, str]
     headers: dict[str, str]
     body: Any  # parsed JSON, or None
     status: int = 0  # what the fake answered
     response: Any = None
+    response_headers: dict[str, str] = field(default_factory=dict)  # beyond Content-Type (rate-limit headers)
+    at: float = 0.0  # the fake's clock when the request arrived (`FakeDiscord(clock=...)`)
 
 
 @dataclass

@@ -1,37 +1,63 @@
-"""The REST half of the fake (`/api/v10/...`): login, command sync, interaction responses, messages.
+"""The REST half of the fake (`/api/v10/...`): login, command sync, interaction responses, messages
+(create and edit, in channels and threads), threads.
 
 Every request is recorded in the journal with the status the fake answered. Bot routes need
 `Authorization: Bot <token>` (401 otherwise, which discord.py turns into `LoginFailure` at login);
 interaction callbacks and webhooks carry no Authorization, as discord.py sends them. Bodies are
 checked by `checks.py`; errors use Discord's codes and shapes. Responses are `application/json`
-exactly (discord.py only parses that).
+exactly (discord.py only parses that). Channel routes check the bot's permissions from the channel's
+overwrites (`FakeDiscord.deny_bot`; a thread's are its parent's), and message creates and edits share
+each channel's write limit (429 with Discord's rate-limit body and headers).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from .checks import (
     ALREADY_ACKNOWLEDGED,
+    EMPTY_MESSAGE,
     INVALID_JSON,
+    MISSING_ACCESS,
+    MISSING_PERMISSIONS,
     NOT_FOUND,
+    NOT_THE_AUTHOR,
     REFERENCE_UNKNOWN,
+    THREAD_ARCHIVED,
     UNAUTHORIZED,
     UNKNOWN_CHANNEL,
     UNKNOWN_GUILD,
     UNKNOWN_INTERACTION,
     UNKNOWN_MESSAGE,
     UNKNOWN_WEBHOOK,
+    WRONG_CHANNEL_TYPE,
     DiscordError,
     check_choices,
     check_commands,
     check_message,
+    check_thread,
+    pinged,
 )
 from .journal import RestCall
-from .objects import EPHEMERAL, LOADING, message_payload
+from .objects import (
+    CREATE_PRIVATE_THREADS,
+    CREATE_PUBLIC_THREADS,
+    EPHEMERAL,
+    LOADING,
+    PUBLIC_THREAD,
+    SEND_MESSAGES,
+    SEND_MESSAGES_IN_THREADS,
+    TEXT,
+    VIEW_CHANNEL,
+    Channel,
+    ThreadChannel,
+    iso_now,
+    message_payload,
+)
 from .state import DiscordState, PendingInteraction
 
 API_PREFIX = "/api/v10"
@@ -41,6 +67,8 @@ MESSAGE, DEFERRED, MODAL, AUTOCOMPLETE_RESULT = 4, 5, 9, 8
 AUTOCOMPLETE_INTERACTION = 4
 CHAT_INPUT_COMMAND_MESSAGE = 20  # message type of an interaction's response
 BODY = web.RequestKey("body", object)  # the parsed JSON body, set by the middleware
+SUPPRESS_EMBEDS = 1 << 2
+DEFAULT_ARCHIVE_MINUTES = 1440  # a text channel's default_auto_archive_duration
 
 
 def json_response(status: int, data: Any) -> web.Response:
@@ -51,8 +79,10 @@ def json_response(status: int, data: Any) -> web.Response:
 class RestApi:
     """aiohttp routes over a `DiscordState`; mount with `app.add_subapp(API_PREFIX, api.app)`."""
 
-    def __init__(self, state: DiscordState) -> None:
+    def __init__(self, state: DiscordState, *,
+                 on_thread_created: Callable[[ThreadChannel], Awaitable[None]] | None = None) -> None:
         self.state = state
+        self._on_thread_created = on_thread_created  # the server tells the gateway (THREAD_CREATE)
         self.app = web.Application(middlewares=[self._middleware])
         bot, hook = self._bot, self._webhook
         r = self.app.router
@@ -62,6 +92,8 @@ class RestApi:
         r.add_route("*", "/applications/{app}/guilds/{guild}/commands", bot(self.commands))
         r.add_get("/channels/{channel}", bot(self.get_channel))
         r.add_post("/channels/{channel}/messages", bot(self.create_message))
+        r.add_patch("/channels/{channel}/messages/{message}", bot(self.edit_message))
+        r.add_post("/channels/{channel}/threads", bot(self.create_thread))
         r.add_post("/interactions/{interaction}/{token}/callback", hook(self.interaction_callback))
         r.add_post("/webhooks/{app}/{token}", hook(self.followup))
         r.add_route("*", "/webhooks/{app}/{token}/messages/{message}", hook(self.webhook_message))
@@ -71,7 +103,8 @@ class RestApi:
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Any) -> web.StreamResponse:
         raw = await request.read()
-        call = RestCall(request.method, request.path, dict(request.query), dict(request.headers), None)
+        call = RestCall(request.method, request.path, dict(request.query), dict(request.headers), None,
+                        at=self.state.clock())
         self.state.journal.rest.append(call)
         try:
             if raw:
@@ -92,6 +125,8 @@ class RestApi:
             response = json_response(405, {"message": "405: Method Not Allowed", "code": 0})
         except DiscordError as exc:
             response = json_response(exc.status, exc.body())
+            response.headers.update(exc.headers)
+            call.response_headers = dict(exc.headers)
         call.status = response.status
         call.response = json.loads(response.body) if isinstance(response.body, bytes) and response.body else None
         self.state.journal.changed()
@@ -150,27 +185,103 @@ class RestApi:
 
     # -- channels ---------------------------------------------------------------------------
 
-    def _channel(self, request: web.Request) -> int:
+    def _channel(self, request: web.Request) -> Channel | ThreadChannel:
+        """The channel or thread in the path (404 Unknown Channel), or the failure the test set on it."""
         channel_id = self._snowflake(request, "channel")
         if channel_id in self.state.channel_failures:
             raise self.state.channel_failures[channel_id]
-        if self.state.guild.channel(channel_id) is None:
+        target = self.state.messageable(channel_id)
+        if target is None:
             raise UNKNOWN_CHANNEL
-        return channel_id
+        return target
+
+    def _require(self, target: Channel | ThreadChannel, permission: int) -> None:
+        """403 unless the bot may see `target` and has `permission` there (a thread's are its parent's)."""
+        channel = self.state.guild.channel(target.parent_id) if isinstance(target, ThreadChannel) else target
+        allowed = self.state.guild.permissions(self.state.bot, channel)
+        if not allowed & VIEW_CHANNEL:
+            raise MISSING_ACCESS
+        if not allowed & permission:
+            raise MISSING_PERMISSIONS
 
     async def get_channel(self, request: web.Request) -> web.Response:
-        return json_response(200, self.state.guild.channel(self._channel(request)).payload())
+        return json_response(200, self._channel(request).payload())
 
     async def create_message(self, request: web.Request) -> web.Response:
-        channel_id = self._channel(request)
+        target = self._channel(request)
+        thread = target if isinstance(target, ThreadChannel) else None
+        self._require(target, SEND_MESSAGES_IN_THREADS if thread else SEND_MESSAGES)
+        if thread is not None and thread.locked:
+            raise MISSING_PERMISSIONS  # only thread managers post in a locked thread
         check_message(request[BODY])
         body = request[BODY]
-        replied_to = self._replied_to(channel_id, body.get("message_reference"))
-        message = message_payload(message_id=self.state.ids(), channel_id=channel_id, guild_id=self.state.guild.id,
+        replied_to = self._replied_to(target.id, body.get("message_reference"))
+        self.state.take_write(target.id)
+        message = message_payload(message_id=self.state.ids(), channel_id=target.id, guild_id=self.state.guild.id,
                                   author=self.state.bot, body=body, flags=body.get("flags") or 0,
-                                  replied_to=replied_to)
+                                  replied_to=replied_to, position=thread.total_message_sent if thread else None)
+        if thread is not None:  # a post un-archives an unlocked thread
+            thread.archived = False
+            thread.message_count += 1
+            thread.total_message_sent += 1
+            thread.last_message_id = int(message["id"])
         self.state.messages.append(message)
+        self._note_mentions(message, body)
         return json_response(200, message)
+
+    async def edit_message(self, request: web.Request) -> web.Response:
+        """PATCH a message: only the bot's own (403 50005 otherwise), with the same content checks as a
+        create; the message must keep some content. Edits share the channel's write limit."""
+        target = self._channel(request)
+        self._require(target, VIEW_CHANNEL)
+        message = self.state.find_message(target.id, self._snowflake(request, "message"))
+        if message is None:
+            raise UNKNOWN_MESSAGE
+        if message["author"]["id"] != str(self.state.bot.id):
+            raise NOT_THE_AUTHOR
+        body = request[BODY] if request[BODY] is not None else {}
+        check_message(body, edit=True)
+        content = body["content"] if "content" in body else message["content"]
+        embeds = body["embeds"] if "embeds" in body else message["embeds"]
+        components = body["components"] if "components" in body else message["components"]
+        if not (content or embeds or components or message["attachments"]):
+            raise EMPTY_MESSAGE
+        if isinstance(target, ThreadChannel) and target.archived:
+            raise THREAD_ARCHIVED
+        self.state.take_write(target.id)
+        message["content"] = content or ""
+        message["embeds"] = [{"type": "rich", **e} for e in embeds or []] if "embeds" in body else embeds
+        message["components"] = components or []
+        if "flags" in body:  # only SUPPRESS_EMBEDS can change on an existing message
+            message["flags"] = (message["flags"] & ~SUPPRESS_EMBEDS) | ((body["flags"] or 0) & SUPPRESS_EMBEDS)
+        message["edited_timestamp"] = iso_now()
+        self.state.message_edits[message["id"]] = self.state.message_edits.get(message["id"], 0) + 1
+        self._note_mentions(message, body)
+        return json_response(200, message)
+
+    def _note_mentions(self, message: dict, body: dict) -> None:
+        found = pinged(message["content"], body.get("allowed_mentions"))
+        if found["everyone"] or found["users"] or found["roles"]:
+            self.state.pinged.append({"message_id": message["id"], **found})
+
+    async def create_thread(self, request: web.Request) -> web.Response:
+        """Start a thread without a message under a text channel: Discord answers 201 with the thread and
+        tells the gateway (THREAD_CREATE, `newly_created`)."""
+        parent = self._channel(request)
+        if isinstance(parent, ThreadChannel) or parent.type != TEXT:
+            raise WRONG_CHANNEL_TYPE
+        body = request[BODY]
+        check_thread(body)
+        if body["type"] == 10:  # announcement threads only live in announcement channels
+            raise WRONG_CHANNEL_TYPE
+        self._require(parent, CREATE_PUBLIC_THREADS if body["type"] == PUBLIC_THREAD else CREATE_PRIVATE_THREADS)
+        thread = self.state.new_thread(parent, body["name"], body["type"],
+                                       body.get("auto_archive_duration") or DEFAULT_ARCHIVE_MINUTES,
+                                       invitable=body.get("invitable", True) is not False,
+                                       rate_limit_per_user=body.get("rate_limit_per_user") or 0)
+        if self._on_thread_created is not None:
+            await self._on_thread_created(thread)
+        return json_response(201, thread.payload())
 
     def _replied_to(self, channel_id: int, reference: Any) -> dict | None:
         """The message a create's `message_reference` replies to, as Discord resolves it: it must be a

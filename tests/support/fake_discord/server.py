@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +23,10 @@ from .checks import MISSING_PERMISSIONS, UNKNOWN_CHANNEL, DiscordError
 from .gateway import GUILDS_INTENT, Gateway, GatewaySession
 from .interactions import build_command_interaction
 from .journal import Journal, RestCall
-from .objects import TEXT, Channel, SimUser
+from .objects import TEXT, Channel, SimUser, ThreadChannel, message_payload
 from .rest import API_PREFIX, RestApi, json_response
 from .speech import Speaker, hear_bot
-from .state import DiscordState, PendingInteraction
+from .state import WRITE_LIMIT, WRITE_WINDOW_S, DiscordState, PendingInteraction
 from .tls import make_certificate, server_context
 from .voice_gateway import CLIENT_DISCONNECT, CLIENTS_CONNECT, SPEAKING, VoiceServer
 
@@ -35,12 +37,17 @@ class FakeDiscord:
     """A strict loopback Discord for one bot in one guild (see the package README in docs/testing-discord.md)."""
 
     def __init__(self, *, token: str = "fake-bot-token.Switchboard.0123456789", voice: bool = False,
-                 workdir: Path | None = None, allowed_privileged_intents: int = 0) -> None:
+                 workdir: Path | None = None, allowed_privileged_intents: int = 0,
+                 clock: Callable[[], float] = time.monotonic, write_limit: int = WRITE_LIMIT,
+                 write_window_s: float = WRITE_WINDOW_S) -> None:
+        """`clock` (seconds) times each channel's write limit: `write_limit` message creates and edits per
+        `write_window_s`; share a virtual clock with the code under test to run its pacing without sleeping."""
         if voice and workdir is None:
             raise ValueError("voice=True needs a workdir for the TLS certificate")
         self.journal = Journal()
         self.state = DiscordState(token=token, journal=self.journal,
-                                  allowed_privileged_intents=allowed_privileged_intents)
+                                  allowed_privileged_intents=allowed_privileged_intents, clock=clock,
+                                  write_limit=write_limit, write_window_s=write_window_s)
         self.gateway = Gateway(self.state, self._on_bot_voice_request)
         self.voice = VoiceServer(self.state) if voice else None
         self.speakers: dict[int, Speaker] = {}
@@ -56,7 +63,7 @@ class FakeDiscord:
         app.router.add_get("/", self.gateway.handle)
         app.router.add_get("/api/v10/gateway", self._get_gateway)
         app.router.add_get("/api/v10/gateway/bot", self._get_gateway)
-        app.add_subapp(API_PREFIX, RestApi(self.state).app)
+        app.add_subapp(API_PREFIX, RestApi(self.state, on_thread_created=self._thread_created).app)
         port = await self._listen(app, None)
         self.api_base = f"http://{HOST}:{port}{API_PREFIX}"
         self.gateway.url = f"ws://{HOST}:{port}/"
@@ -142,6 +149,31 @@ class FakeDiscord:
         return next(c for c in self.journal.rest if c.method == "POST" and isinstance(c.response, dict)
                     and c.response.get("id") == message["id"]
                     and c.path.endswith(f"/channels/{message['channel_id']}/messages"))
+
+    @property
+    def threads(self) -> list[ThreadChannel]:
+        """Threads the bot created, oldest first."""
+        return self.state.guild.threads
+
+    def thread_messages(self, thread: ThreadChannel | int) -> list[dict]:
+        """The messages in a thread, oldest first, each with its latest content (after edits)."""
+        return self.state.thread_messages(thread.id if isinstance(thread, ThreadChannel) else thread)
+
+    def edits_of(self, message: dict) -> int:
+        """How many edits of `message` the fake accepted."""
+        return self.state.message_edits.get(message["id"], 0)
+
+    def post_as(self, user: SimUser, channel: Channel | ThreadChannel, content: str) -> dict:
+        """A message by a simulated member in `channel` (Discord stores it; the bot gets no event)."""
+        message = message_payload(message_id=self.state.ids(), channel_id=channel.id, guild_id=self.guild_id,
+                                  author=user, body={"content": content})
+        self.state.messages.append(message)
+        return message
+
+    async def _thread_created(self, thread: ThreadChannel) -> None:
+        session = self.gateway.current
+        if session is not None and session.intents & GUILDS_INTENT:
+            await session.dispatch("THREAD_CREATE", {**thread.payload(), "newly_created": True})
 
     def fail_channel(self, channel_id: int, failure: str) -> None:
         """Make every request on a channel fail: "forbidden" (403 50013) or "unknown" (404 10003)."""

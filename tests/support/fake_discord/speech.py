@@ -3,8 +3,11 @@
 A simulated user's datagrams come from discord.py's own send path (`tests.support.packets.DiscordSender`:
 `VoiceClient._get_voice_packet`, DAVE-encrypted with the user's real `davey` session once it is
 ready), transport-encrypted with the key of the bot connection they are relayed to — as the SFU
-does. The bot's datagrams are opened with the key the fake issued and its DAVE frames decrypted by
-a simulated member, so a test hears what the bot said.
+does. A speaker marked `broken` is a client whose DAVE state diverged from the channel's group:
+its frames are genuine DAVE frames under keys nobody else holds, so the bot cannot decrypt them
+(`NoValidCryptorFound`) while everyone else is heard. The bot's datagrams are opened with the key
+the fake issued and its DAVE frames decrypted by a simulated member, so a test hears what the bot
+said.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import davey
 import discord.opus
 import nacl.secret
 
+from tests.support.dave_group import diverged_session
 from tests.support.packets import DiscordSender
 
 from .voice_gateway import VoiceSession
@@ -30,7 +34,11 @@ class Speaker:
     user_id: int
     ssrc: int
     dave: davey.DaveSession
+    broken: bool = False
+    """Set to make this member's client encrypt in a diverged group (see the module doc): the
+    same RTP stream, same transport key, DAVE frames the bot's group has no key for."""
     sender: DiscordSender = field(init=False)
+    _diverged: davey.DaveSession | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.sender = DiscordSender(self.ssrc, dave_session=self.dave)
@@ -38,7 +46,15 @@ class Speaker:
     def packets_for(self, session: VoiceSession, opus_frames: list[bytes]) -> list[bytes]:
         """The datagrams the SFU relays to `session` (its transport key) for these Opus frames."""
         self.sender.secret_key = list(session.secret_key)
+        self.sender.dave_session = self._diverged_session() if self.broken else self.dave
         return [self.sender.packet(frame) for frame in opus_frames]
+
+    def _diverged_session(self) -> davey.DaveSession:
+        """This user's ready session in a group of their own on the same channel (made once, so
+        its sender ratchet runs on like a real client's)."""
+        if self._diverged is None:
+            self._diverged = diverged_session(self.dave.channel_id, self.user_id)
+        return self._diverged
 
 
 def open_bot_packet(session: VoiceSession, datagram: bytes) -> bytes:

@@ -1,13 +1,21 @@
-"""The fake Discord's shared state: accounts, the guild, registered commands, interactions in flight."""
+"""The fake Discord's shared state: accounts, the guild, registered commands, interactions in flight,
+messages (with their edits and pings), threads, and each channel's write limit."""
 
 from __future__ import annotations
 
 import secrets
+import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .checks import DiscordError
+from .checks import DiscordError, RateLimitError
 from .journal import Journal
-from .objects import EPHEMERAL, TEXT, VOICE, Channel, Guild, SimUser, Snowflakes
+from .objects import EPHEMERAL, TEXT, VOICE, Channel, Guild, SimUser, Snowflakes, ThreadChannel
+
+# Discord's shared per-channel write limit: message creates and edits in one channel (a thread is a
+# channel) count together; the 6th within 5 s is answered 429 (code 20028).
+WRITE_LIMIT, WRITE_WINDOW_S = 5, 5.0
 
 
 @dataclass
@@ -29,9 +37,13 @@ class DiscordState:
     """Everything the REST API, gateway and voice gateway agree on."""
 
     def __init__(self, *, token: str, journal: Journal, guild_name: str = "Switchboard HQ",
-                 allowed_privileged_intents: int = 0) -> None:
+                 allowed_privileged_intents: int = 0, clock: Callable[[], float] = time.monotonic,
+                 write_limit: int = WRITE_LIMIT, write_window_s: float = WRITE_WINDOW_S) -> None:
         self.ids = Snowflakes()
         self.journal = journal
+        self.clock = clock  # seconds; only the write limit reads it (a test may share a virtual clock)
+        self.write_limit, self.write_window_s = write_limit, write_window_s
+        self._writes: dict[int, deque[float]] = {}
         self.token = token
         self.allowed_privileged_intents = allowed_privileged_intents
         self.owner = SimUser(self.ids(), "owner")
@@ -46,12 +58,42 @@ class DiscordState:
         self.guild_commands: dict[int, list[dict]] = {}
         self.interactions: dict[int, PendingInteraction] = {}
         self.channel_failures: dict[int, DiscordError] = {}
-        self.messages: list[dict] = []  # channel messages the bot created
+        self.messages: list[dict] = []  # channel and thread messages (the bot's, and any `FakeDiscord.post_as`)
+        self.message_edits: dict[str, int] = {}  # message id -> edits accepted (PATCH /channels/…/messages/…)
+        self.pinged: list[dict] = []  # {"message_id", "everyone", "users", "roles"} for each write that mentions
+        self.rate_limited: list[int] = []  # channel id of every write refused with 429
 
     def new_user(self, username: str, nick: str | None = None) -> SimUser:
         user = SimUser(self.ids(), username, nick)
         self.guild.members[user.id] = user
         return user
+
+    def messageable(self, channel_id: int) -> Channel | ThreadChannel | None:
+        return self.guild.channel(channel_id) or self.guild.thread(channel_id)
+
+    def new_thread(self, parent: Channel, name: str, kind: int, auto_archive_duration: int, *,
+                   invitable: bool = True, rate_limit_per_user: int = 0) -> ThreadChannel:
+        thread = ThreadChannel(self.ids(), kind, name, self.guild.id, parent.id, self.bot.id, auto_archive_duration,
+                               invitable=invitable, rate_limit_per_user=rate_limit_per_user)
+        self.guild.threads.append(thread)
+        return thread
+
+    def thread_messages(self, thread_id: int) -> list[dict]:
+        """The messages in a thread, oldest first, each with its latest content."""
+        return [m for m in self.messages if m["channel_id"] == str(thread_id)]
+
+    def take_write(self, channel_id: int) -> None:
+        """Count a message create or edit in `channel_id`, or raise 429 when the channel's window is full."""
+        now = self.clock()
+        writes = self._writes.setdefault(channel_id, deque())
+        while writes and writes[0] <= now - self.write_window_s:
+            writes.popleft()
+        if len(writes) >= self.write_limit:
+            self.rate_limited.append(channel_id)
+            retry_after = writes[0] + self.write_window_s - now
+            raise RateLimitError(retry_after, limit=self.write_limit, reset_at=time.time() + retry_after,
+                                 bucket=f"channel-writes-{channel_id}")
+        writes.append(now)
 
     def find_message(self, channel_id: int, message_id: int) -> dict | None:
         """A (non-ephemeral) message in `channel_id`: one the bot posted, or an interaction's response

@@ -174,6 +174,8 @@ def parse_ga_event(event: dict) -> list[ev.ProviderEvent]:
         return [ev.InputCommitted(event.get("item_id"))]
     if kind == "conversation.item.input_audio_transcription.completed":
         return [ev.UserTranscript(event.get("item_id"), event.get("transcript", ""))]
+    if kind == "conversation.item.input_audio_transcription.failed":
+        return [ev.UserTranscriptFailed(event.get("item_id"))]
     if kind == "conversation.item.truncated":
         return [ev.ItemTruncated(event.get("item_id", ""), int(event.get("audio_end_ms", 0)))]
     if kind == "session.updated":

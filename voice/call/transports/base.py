@@ -31,9 +31,30 @@ class TurnContext:
     names: Mapping[int, str] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class HeardFrame:
+    """One member's 20 ms of audio (24 kHz mono s16le) and the speech probability their VAD gave it."""
+
+    pcm: bytes
+    probability: float
+
+
+@dataclass(frozen=True)
+class RoomTick:
+    """20 ms of a room: each member who sent audio, on their own (never mixed), keyed by immutable id.
+
+    `names` are display names (untrusted: quoted to the model as data, never used to authorise)."""
+
+    frames: Mapping[int, HeardFrame]
+    names: Mapping[int, str] = field(default_factory=dict)
+
+
 class CallTransport(Protocol):
-    def frames(self) -> AsyncIterator[bytes]:
-        """User audio in real time, FRAME_BYTES per frame; ends when the input ends."""
+    def frames(self) -> AsyncIterator[bytes | RoomTick]:
+        """User audio in real time, one 20 ms tick per item; ends when the input ends.
+
+        One local speaker yields FRAME_BYTES of PCM per tick (the call core runs the VAD); a room
+        yields a `RoomTick` with each member's own frame and speech probability."""
         ...
 
     def play(self, pcm: bytes, item_id: str) -> None:
@@ -46,6 +67,14 @@ class CallTransport(Protocol):
 
     def clear(self) -> None:
         """Barge-in: stop at once and drop everything not yet played."""
+        ...
+
+    def pause(self) -> None:
+        """Hold playback where it is (silence goes out; nothing queued is dropped)."""
+        ...
+
+    def resume(self) -> None:
+        """Play on from where `pause` held it."""
         ...
 
     def played_ms(self, item_id: str) -> int:

@@ -56,6 +56,7 @@ class PacedSpeaker:
         self._played: OrderedDict[str, int] = OrderedDict()  # item -> bytes handed out
         self._listener: PlaybackListener | None = None
         self._audible = False  # an item frame went out since the last idle report
+        self._paused = False
         self.frames_pulled = 0
         self.underruns = 0
         self.clears = 0  # the output side compares this to drop its own buffers on barge-in
@@ -86,10 +87,25 @@ class PacedSpeaker:
                     seg.finished = True
 
     def clear(self) -> None:
-        """Barge-in: drop everything not yet handed out; the next frame is silence."""
+        """Barge-in: drop everything not yet handed out; the next frame is silence (and not paused)."""
         with self._lock:
             self._segments.clear()
+            self._paused = False
             self.clears += 1
+
+    def pause(self) -> None:
+        """Hold: pulls give silence and take nothing; the queue, and `played_ms`, stay where they are."""
+        with self._lock:
+            self._paused = True
+
+    def resume(self) -> None:
+        with self._lock:
+            self._paused = False
+
+    @property
+    def paused(self) -> bool:
+        with self._lock:
+            return self._paused
 
     def played_ms(self, item_id: str) -> int:
         with self._lock:
@@ -118,6 +134,8 @@ class PacedSpeaker:
         events: list[Callable[[], None]] = []
         with self._lock:
             self.frames_pulled += 1
+            if self._paused:
+                return self._silence, None
             frame, item_id, taken = self._take()
             listener = self._listener
             if item_id is not None:
@@ -177,6 +195,12 @@ class SpeakerPlayback:
 
     def clear(self) -> None:
         self._speaker.clear()
+
+    def pause(self) -> None:
+        self._speaker.pause()
+
+    def resume(self) -> None:
+        self._speaker.resume()
 
     def played_ms(self, item_id: str) -> int:
         return self._speaker.played_ms(item_id)
