@@ -169,7 +169,8 @@ def _build_engine(provider: RealtimeProvider, transport, settings: Settings, end
     catalogue = ToolCatalogue(AllowKnownSpeakers(), [*run_tools(runs, requester_of=_no_user_id),
                                                      *transcript_tools(Archive(runs.store))])
     return CallEngine(provider, transport, catalogue, identity,
-                      options=CallOptions(endpointing=endpointing, vad=VadConfig()),
+                      options=CallOptions(endpointing=endpointing, vad=VadConfig(),
+                                          min_interruption_ms=settings.min_interruption_ms),
                       telemetry=telemetry, on_transcript=_print_transcript, hold_open=hold_open, detector=detector)
 
 

@@ -168,8 +168,8 @@ async def test_the_deaf_window_reaches_the_receiver_and_the_watch_reports_going_
                 polls.set()
                 await asyncio.Event().wait()  # ... and nothing ever decodes; stop polling here
         watch = asyncio.create_task(vc.watch_deafness(lambda: went_deaf.append(now[0]), sleep=tick))
-        await polls.wait()
-        watch.cancel()
+        await asyncio.wait_for(watch, 10)  # going deaf ends this watch: the rejoin starts a new one
+        assert not polls.is_set()
         assert went_deaf == [4.0]  # activity since t=1, no PCM: deaf once the 2.5 s window has passed
         assert vc.receiver.stats["deaf_events"] == 1
     finally:

@@ -30,7 +30,7 @@ from voice.call.providers import RealtimeProvider
 from voice.call.tools import ToolCatalogue
 from voice.call.vad import VadBank, VadConfig
 from voice.media.discord_client import ListeningVoiceClient
-from voice.media.room import RoomTransport
+from voice.media.room import RoomClock, RoomTransport
 
 from .captions import CaptionThread
 from .gate import OperatorGate
@@ -80,6 +80,7 @@ class CallManager:
         self._client = client
         self.room = room or RoomOptions()
         self._vad: VadBank | None = None  # loaded at the first join, then shared by every call
+        self._room_clock: RoomClock | None = None  # one tick, one batched VAD run, for every call
         self._closing: set[asyncio.Task] = set()
         self._deaf_after_s = deaf_after_s
         self._idle_leave_s = idle_leave_s
@@ -118,7 +119,9 @@ class CallManager:
             loop = asyncio.get_running_loop()
             if self._vad is None:
                 self._vad = await asyncio.to_thread(room_vad, log)  # loading the model takes ~0.2 s, once
-            transport = RoomTransport(names=lambda user_id: _display_name(guild, user_id), loop=loop, vad=self._vad)
+                self._room_clock = RoomClock(self._vad)
+            transport = RoomTransport(names=lambda user_id: _display_name(guild, user_id), loop=loop, vad=self._vad,
+                                      room_clock=self._room_clock)
             voice.add_sink(transport.on_speech)
             runs = self._runs()
             catalogue = ToolCatalogue(self._gate, [*run_tools(runs), *transcript_tools(Archive(runs.store))])
@@ -207,6 +210,8 @@ class CallManager:
         await asyncio.gather(*(self.leave(g, reason=reason) for g in list(self._calls)), return_exceptions=True)
         if self._closing:  # captions flush their last lines (each bounded) before the gateway closes
             await asyncio.gather(*self._closing, return_exceptions=True)
+        if self._room_clock is not None:
+            await self._room_clock.aclose()
 
     async def _leave_locked(self, guild_id: int, reason: str) -> str:
         call = self._calls.pop(guild_id, None)

@@ -54,7 +54,7 @@ class RoomTransport:
                  clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
                  loop: asyncio.AbstractEventLoop | None = None,
-                 max_queued_frames: int = MAX_QUEUED_FRAMES) -> None:
+                 max_queued_frames: int = MAX_QUEUED_FRAMES, room_clock: RoomClock | None = None) -> None:
         self.source = PlaybackSource(MODEL_RATE)
         self._names = names
         self._vad: VadBank = vad or DetectorBank(EnergyDetector)
@@ -64,6 +64,9 @@ class RoomTransport:
         self._max_queued = max_queued_frames
         self._members: dict[int, _Member] = {}
         self._closed = asyncio.Event()
+        self._room_clock = room_clock
+        self._inbox: asyncio.Queue[RoomTick | None] | None = None
+        self._taken: list[tuple[int, _Member, bytes]] = []
         self.frames_in = 0
         self.ticks = 0
         self.frames_shed = 0  # audio dropped because a member's backlog outgrew `max_queued_frames`
@@ -92,20 +95,23 @@ class RoomTransport:
         """The user left the channel: drop what they had queued."""
         self._members.pop(user_id, None)
 
-    def tick(self) -> RoomTick:
-        """One 20 ms tick: every member's oldest queued frame, with its speech probability."""
-        now = self._clock()
-        taken: list[tuple[int, _Member, bytes]] = []
+    def collect(self) -> list[VadStream]:
+        """First half of a tick: every member's oldest queued frame goes into their VAD stream; the
+        streams that now wait for the model are returned (for one batched run, maybe across rooms)."""
+        taken = self._taken = []
         for user_id, member in self._members.items():
             if member.queue:
                 frame = member.queue.popleft()
                 member.vad.push(frame)
                 taken.append((user_id, member, frame))
+        return [member.vad for _, member, _ in taken]
+
+    def publish(self) -> RoomTick:
+        """Second half: the tick, each frame with the probability its stream now reports."""
+        taken, self._taken = self._taken, []
         if not taken:
             return RoomTick({})
-        streams = [member.vad for _, member, _ in taken]
-        while self._vad.run(streams):  # a burst can leave more than one window waiting
-            streams = [s for s in streams if s.pending]
+        now = self._clock()
         frames = {}
         names = {}
         for user_id, member, frame in taken:
@@ -116,8 +122,18 @@ class RoomTransport:
                 names[user_id] = member.name
         return RoomTick(frames, names)
 
+    def tick(self) -> RoomTick:
+        """One 20 ms tick on its own: every member's oldest queued frame, with its speech probability."""
+        run_vad(self._vad, self.collect())
+        return self.publish()
+
     async def frames(self) -> AsyncIterator[RoomTick]:
-        """A `RoomTick` every 20 ms in real time until `close()`."""
+        """A `RoomTick` every 20 ms in real time until `close()`: from the shared `RoomClock` when the
+        room was given one, else paced here."""
+        if self._room_clock is not None:
+            async for tick in self._from_clock():
+                yield tick
+            return
         period = FRAME_BYTES / 2 / MODEL_RATE
         next_at = self._clock()
         while not self._closed.is_set():
@@ -130,11 +146,38 @@ class RoomTransport:
                 delay = 0.0
             await self._sleep(max(0.0, delay))
 
+    async def _from_clock(self) -> AsyncIterator[RoomTick]:
+        clock = self._room_clock
+        assert clock is not None
+        self._inbox = asyncio.Queue(maxsize=MAX_QUEUED_FRAMES)
+        clock.add(self)
+        try:
+            while not self._closed.is_set():
+                tick = await self._inbox.get()
+                if tick is None:
+                    return
+                self.ticks += 1
+                yield tick
+        finally:
+            clock.remove(self)
+
+    def deliver(self, tick: RoomTick) -> None:
+        """The room clock's tick for this room (a call that fell behind by 500 ms sheds its oldest)."""
+        inbox = self._inbox
+        if inbox is None:
+            return
+        if inbox.full():
+            inbox.get_nowait()
+            self.frames_shed += 1
+        inbox.put_nowait(tick)
+
     def turn_context(self) -> TurnContext | None:
         return None  # every tick says who is in it
 
     def close(self) -> None:
         self._closed.set()
+        if self._inbox is not None and not self._inbox.full():
+            self._inbox.put_nowait(None)
 
     # -- playback ----------------------------------------------------------------------------------
 
@@ -173,3 +216,72 @@ class RoomTransport:
 
     def position(self) -> PlaybackPosition:
         return self.source.position()
+
+
+def run_vad(vad: VadBank, streams: list[VadStream]) -> None:
+    """Score every stream waiting for the model: one batched run (more if a burst left several windows)."""
+    while streams and vad.run(streams):
+        streams = [s for s in streams if s.pending]
+
+
+class RoomClock:
+    """One 20 ms tick for every room call in the process.
+
+    Each tick, every room takes its members' frames (`collect`), ONE batched run of the shared VAD
+    scores them all, and each room gets its `RoomTick` (`publish` → `deliver`). One timer and one
+    model run per tick for the whole process, instead of one per call: the cost of a call is its
+    members' audio, not its own clock.
+    """
+
+    def __init__(self, vad: VadBank, *, clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        self.vad = vad
+        self._clock = clock
+        self._sleep = sleep
+        self._rooms: list[RoomTransport] = []
+        self._task: asyncio.Task | None = None
+        self.ticks = 0
+        self.late_ticks = 0  # ticks that began more than one period late
+
+    def add(self, room: RoomTransport) -> None:
+        self._rooms.append(room)
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="room-clock")
+
+    def remove(self, room: RoomTransport) -> None:
+        if room in self._rooms:
+            self._rooms.remove(room)
+
+    def tick(self) -> None:
+        rooms = list(self._rooms)
+        streams: list[VadStream] = []
+        for room in rooms:
+            streams += room.collect()
+        run_vad(self.vad, streams)
+        for room in rooms:
+            room.deliver(room.publish())
+
+    async def _run(self) -> None:
+        period = FRAME_BYTES / 2 / MODEL_RATE
+        next_at = self._clock()
+        while True:
+            if not self._rooms:  # no await between this check and add(): a new room always gets a clock
+                self._task = None
+                return
+            self.ticks += 1
+            self.tick()
+            next_at += period
+            delay = next_at - self._clock()
+            if delay < -period:
+                self.late_ticks += 1
+            if delay < -0.2:  # the loop stalled: do not burst to catch up
+                next_at = self._clock()
+                delay = 0.0
+            await self._sleep(max(0.0, delay))
+
+    async def aclose(self) -> None:
+        task, self._task = self._task, None
+        self._rooms.clear()
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

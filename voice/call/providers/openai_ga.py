@@ -13,7 +13,7 @@ from .base import ProviderConfigError, ResponseRequest, SessionConfig
 DEFAULT_URL = "wss://api.openai.com/v1/realtime"
 VOICES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")
 RETIRING_MODELS = {"gpt-realtime": "2027-01-20", "gpt-realtime-mini": "2027-01-20"}
-TRANSCRIBE_MODEL = "gpt-4o-mini-transcribe"
+TRANSCRIBE_MODEL = "gpt-transcribe"  # gpt-4o-mini-transcribe shuts down 2027-02-26
 
 
 class OpenAIRealtime:
