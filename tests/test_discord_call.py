@@ -4,61 +4,10 @@ of real speech, talks to the fake Realtime server, and gates a delegation on who
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
-import os
-import sqlite3
-import sys
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from pathlib import Path
-
-import discord.opus
 import pytest
 
-from bot.store import DB_FILENAME
-from tests.support.fake_discord import FakeDiscord, SimUser
-from tests.support.fake_realtime import AudioReply, FakeRealtime, ToolCallReply
-from tests.support.speech import speech_frames
-from tests.test_runs_harness import FAKE_AGENT
-
-ROOT = Path(__file__).resolve().parent.parent
-OPENAI_KEY = "sk-discord-call-NEVER-SHOWN"
-WAIT_S = 30.0
-
-
-def opus_speech(text: str) -> list[bytes]:
-    encoder = discord.opus.Encoder()
-    return [encoder.encode(frame, 960) for frame in speech_frames(text)]
-
-
-@dataclass
-class Room:
-    fake: FakeDiscord
-    realtime: FakeRealtime
-    olive: SimUser  # the operator
-    gus: SimUser  # a guest whose display name is the operator's
-    home: Path
-    proc: asyncio.subprocess.Process
-
-    async def command(self, command: str, user: SimUser, options: dict | None = None) -> dict:
-        pending = await self.fake.send_interaction(command, options, user=user)
-        response = await self.fake.wait_response(pending, timeout=WAIT_S)
-        if response["type"] == 5:
-            await self.fake.journal.wait_for(lambda: pending.followups, WAIT_S)
-            return pending.followups[0]
-        return response["data"]
-
-    def tickets(self) -> list[tuple]:
-        if not (self.home / DB_FILENAME).exists():
-            return []
-        with sqlite3.connect(self.home / DB_FILENAME) as db:
-            return db.execute("SELECT id, requester_id, task FROM runs ORDER BY id").fetchall()
-
-    def outputs(self) -> list[dict]:
-        return [json.loads(e["item"]["output"]) for e in self.realtime.received
-                if e["type"] == "conversation.item.create" and e["item"]["type"] == "function_call_output"]
+from tests.support.discord_room import WAIT_S, in_voice, join_and_settle, room, say
+from tests.support.fake_realtime import AudioReply, ToolCallReply
 
 
 def script(ctx):
@@ -72,62 +21,6 @@ def script(ctx):
     if step == 1:
         return ToolCallReply("delegate_task", {"task": "audit the auth module"})
     return AudioReply("On it.", audio_ms=400)
-
-
-@contextlib.asynccontextmanager
-async def room(tmp_path, **extra: str) -> AsyncIterator[Room]:
-    async with FakeDiscord(voice=True, workdir=tmp_path) as fake, FakeRealtime(script) as realtime:
-        olive, gus = fake.add_user("olive", nick="Olive"), fake.add_user("gus", nick="Olive")
-        home = tmp_path / "home"
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
-               **fake.bot_env(), "DISCORD_BOT_TOKEN": fake.token, "OPENAI_API_KEY": OPENAI_KEY,
-               "SWITCHBOARD_REALTIME_URL": realtime.url, "SWITCHBOARD_HOME": str(home),
-               "SWITCHBOARD_OPERATOR_USER_IDS": str(olive.id), "SWITCHBOARD_AGENT_LANES": "command",
-               "SWITCHBOARD_AGENT_COMMAND": f"{sys.executable} {FAKE_AGENT} answer {{task}}",
-               "SWITCHBOARD_RUNS_CHANNEL_ID": str(fake.text_channel.id), **extra}
-        log = (tmp_path / "switchboard.log").open("wb")
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "tests.support.fake_discord.run_switchboard",
-                                                    cwd=ROOT, env=env, stdout=log, stderr=log)
-        try:
-            await fake.wait_gateway_ready(timeout=WAIT_S)
-            yield Room(fake, realtime, olive, gus, home, proc)
-        finally:
-            if proc.returncode is None:
-                proc.terminate()  # SIGTERM: the graceful path
-            code = await asyncio.wait_for(proc.wait(), 20)
-            log.close()
-        text = (tmp_path / "switchboard.log").read_text()
-        assert code == 0, text[-3000:]
-        assert OPENAI_KEY not in text and fake.token not in text
-        assert "Traceback" not in text, text[-3000:]
-        realtime.assert_clean()
-
-
-async def join_and_settle(r: Room, member: SimUser) -> None:
-    await r.fake.join_voice(member)
-    joined = await r.command("talk join", r.olive, {"channel": r.fake.voice_channel.id})
-    assert joined["embeds"][0]["title"] == "In the call", joined
-    await in_voice(r)
-    await r.realtime.wait_received("session.update", timeout=WAIT_S)
-
-
-async def in_voice(r: Room) -> None:
-    """The bot's voice session is described and it is a member of the channel's DAVE group."""
-    await r.fake.wait_bot_voice(timeout=WAIT_S)
-    await r.fake.journal.wait_for(lambda: r.fake.bot.id in r.fake.voice.relay.members, WAIT_S)
-
-
-async def say(r: Room, *speakers: SimUser, text: str = "audit the auth module and report back") -> None:
-    """Each speaker says `text` (overlapping when several), until the engine commits a turn."""
-    frames = opus_speech(text)
-    commits = len([e for e in r.realtime.received if e["type"] == "input_audio_buffer.commit"])
-    for _attempt in range(3):  # DAVE may still be settling for the first packets: say it again
-        await asyncio.gather(*(r.fake.speak(s, frames) for s in speakers))
-        with contextlib.suppress(AssertionError):
-            await r.realtime.wait_for(lambda: len([e for e in r.realtime.received
-                                                   if e["type"] == "input_audio_buffer.commit"]) > commits, 8)
-            return
-    raise AssertionError("the bot never committed a turn")
 
 
 async def seed_fact(home, fact: str) -> None:
@@ -151,7 +44,7 @@ async def seed_fact(home, fact: str) -> None:
 @pytest.mark.asyncio
 async def test_the_operator_delegates_by_voice_and_the_run_lands_in_the_runs_channel(tmp_path):
     await seed_fact(tmp_path / "home", "The user's daughter Maya starts school on Monday.")
-    async with room(tmp_path) as r:
+    async with room(tmp_path, script) as r:
         await join_and_settle(r, r.olive)
         session = next(e["session"] for e in r.realtime.received if e["type"] == "session.update")
         assert "The user's daughter Maya starts school on Monday." in session["instructions"]  # learned from a call
@@ -179,7 +72,7 @@ async def test_the_operator_delegates_by_voice_and_the_run_lands_in_the_runs_cha
 
 @pytest.mark.asyncio
 async def test_a_guest_with_the_operators_name_is_refused_and_an_overlap_is_two_turns_only_the_operators_runs(tmp_path):
-    async with room(tmp_path) as r:
+    async with room(tmp_path, script) as r:
         await join_and_settle(r, r.gus)
         await say(r, r.gus)
         await r.realtime.wait_for(lambda: len(r.outputs()) >= 2, WAIT_S)
@@ -200,7 +93,7 @@ async def test_a_guest_with_the_operators_name_is_refused_and_an_overlap_is_two_
 
 @pytest.mark.asyncio
 async def test_join_leave_join_at_once_still_hears_and_an_empty_channel_is_left(tmp_path):
-    async with room(tmp_path, SWITCHBOARD_IDLE_LEAVE_S="0.5") as r:
+    async with room(tmp_path, script, SWITCHBOARD_IDLE_LEAVE_S="0.5") as r:
         await join_and_settle(r, r.olive)
         left = await r.command("talk leave", r.olive)
         again = await r.command("talk join", r.olive, {"channel": r.fake.voice_channel.id})  # at once

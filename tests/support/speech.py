@@ -1,4 +1,5 @@
-"""Real speech for tests: espeak-ng renders text, converted to Discord's 48 kHz stereo 20 ms frames."""
+"""Real sound for tests: espeak-ng renders text (and a noise burst stands in for a cough), as Discord's
+48 kHz stereo 20 ms frames."""
 
 from __future__ import annotations
 
@@ -29,5 +30,22 @@ def speech_frames(text: str, *, voice: str = "en", speed: int = 175) -> tuple[by
     mono = samples.astype(np.float32).mean(axis=1) / 32768.0  # int16 (n, channels) -> float mono
     up = soxr.resample(mono, rate, 48_000)
     pcm = np.repeat(np.clip(up * 32767, -32768, 32767).astype("<i2"), 2).tobytes()
+    pcm += bytes(-len(pcm) % FRAME_48K_STEREO)
+    return tuple(pcm[i:i + FRAME_48K_STEREO] for i in range(0, len(pcm), FRAME_48K_STEREO))
+
+
+def noise_burst_frames(ms: int = 150, *, seed: int = 7, amplitude: float = 0.5) -> tuple[bytes, ...]:
+    """A cough-like sound with no voice in it: `ms` of low-passed white noise (one-pole, 0.9) that
+    rises in 2.5 ms and decays exponentially, as 20 ms frames of 48 kHz stereo s16le."""
+    n = 48_000 * ms // 1000
+    noise = np.random.default_rng(seed).standard_normal(n)
+    shaped = np.empty(n)
+    level = 0.0
+    for i, sample in enumerate(noise):
+        level = 0.9 * level + sample
+        shaped[i] = level
+    envelope = np.exp(-np.linspace(0, 4, n)) * np.minimum(1.0, np.linspace(0, n / 120, n))
+    mono = shaped / np.abs(shaped).max() * envelope * amplitude
+    pcm = np.repeat(np.clip(mono * 32767, -32768, 32767).astype("<i2"), 2).tobytes()
     pcm += bytes(-len(pcm) % FRAME_48K_STEREO)
     return tuple(pcm[i:i + FRAME_48K_STEREO] for i in range(0, len(pcm), FRAME_48K_STEREO))

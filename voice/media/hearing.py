@@ -72,6 +72,11 @@ class MemberHearing:
         member.failed += 1
         member.reason = reason
 
+    def ever_heard(self, user_id: int) -> bool:
+        """Whether a frame of theirs ever decoded to sound on this connection."""
+        member = self._members.get(user_id)
+        return member is not None and member.ok > 0
+
     def forget(self, user_id: int) -> None:
         self._members.pop(user_id, None)
 

@@ -189,7 +189,7 @@ class Receiver:
         stats = self.stats
         went_deaf = self._deaf.poll(
             self._clock() if now is None else now,
-            self._activity + stats["speaking_events"],
+            self._activity,
             self._sound,  # frames with sound: the unencrypted silence frame proves nothing decrypts
         )
         stats["deaf"] = int(self._deaf.deaf)
@@ -251,7 +251,11 @@ class Receiver:
         if ssrc in self._ignored:
             stats["video"] += 1
             return
-        self._activity += 1
+        owner = self._ssrc_user.get(ssrc)
+        if owner is None or not self._sound or self._hearing.ever_heard(owner):
+            # Channel-wide deafness is about us: one member who was never heard while others are is
+            # their own problem (`poll_members` names them), not a reason to rejoin on everyone.
+            self._activity += 1
         aad_len = header.aad_len
         if len(d) < aad_len + TAG_SIZE + NONCE_SUFFIX_SIZE:
             stats["malformed"] += 1
@@ -406,6 +410,8 @@ class Receiver:
             user_id = int(data["user_id"])
             if data.get("speaking"):
                 self.stats["speaking_events"] += 1
+                if not self._sound or self._hearing.ever_heard(user_id):
+                    self._activity += 1  # see `_handle`: a member never heard is theirs to report, not ours
             self._map(ssrc, user_id)
         elif op == 12:
             user_id = int(data["user_id"])

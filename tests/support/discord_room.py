@@ -1,0 +1,225 @@
+"""A voice room for end-to-end tests: `switchboard run` (a real process, real discord.py) against the
+fake Discord (genuine DAVE) and the fake Realtime server, and members who speak real espeak-ng speech.
+
+    async with room(tmp_path, script, members=[("ann", "Ann")], SWITCHBOARD_CAPTIONS="true") as r:
+        await join_and_settle(r, r.members["ann"])
+        await say(r, r.members["ann"])                 # a burst (its tail), repeated until a turn is committed
+        await speak_live(r.fake, r.members["ann"], opus_speech("hello"))  # paced like a real client
+
+Every member is added before the bot starts; `olive` is the operator (SWITCHBOARD_OPERATOR_USER_IDS)
+and `gus` a guest whose display name is also "Olive". The process is stopped with SIGTERM (the graceful
+path) and must exit 0 with no traceback and neither secret in its log; the fake Realtime must have seen
+only valid GA events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import sqlite3
+import sys
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import discord.opus
+import numpy as np
+
+from bot.store import DB_FILENAME
+from tests.support.fake_discord import FakeDiscord, SimUser
+from tests.support.fake_discord.speech import hear_bot
+from tests.support.fake_realtime import FakeRealtime
+from tests.support.speech import speech_frames
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+FAKE_AGENT = str(Path(__file__).parent / "fake_agent.py")
+OPENAI_KEY = "sk-discord-call-NEVER-SHOWN"
+WAIT_S = 30.0
+FRAME_S = 0.02
+MAX_BURST_FRAMES = 15  # the bot keeps 25 frames (500 ms) per member; a longer burst would be shed
+
+
+def opus_speech(text: str, **voice: int | str) -> list[bytes]:
+    """`text` spoken by espeak-ng, as the Opus frames a client sends."""
+    return opus_frames(speech_frames(text, **voice))
+
+
+def opus_frames(pcm_frames: Iterable[bytes]) -> list[bytes]:
+    """20 ms frames of 48 kHz stereo s16le as Opus."""
+    encoder = discord.opus.Encoder()
+    return [encoder.encode(frame, 960) for frame in pcm_frames]
+
+
+@dataclass
+class Room:
+    fake: FakeDiscord
+    realtime: FakeRealtime
+    members: dict[str, SimUser]  # by username; "olive" (the operator) and "gus" are always there
+    home: Path
+    proc: asyncio.subprocess.Process
+
+    @property
+    def olive(self) -> SimUser:
+        return self.members["olive"]
+
+    @property
+    def gus(self) -> SimUser:
+        return self.members["gus"]
+
+    async def command(self, command: str, user: SimUser, options: dict | None = None) -> dict:
+        """Run a slash command as `user`; the response's data, or the first follow-up once deferred."""
+        pending = await self.fake.send_interaction(command, options, user=user)
+        response = await self.fake.wait_response(pending, timeout=WAIT_S)
+        if response["type"] == 5:
+            await self.fake.journal.wait_for(lambda: pending.followups, WAIT_S)
+            return pending.followups[0]
+        return response["data"]
+
+    def tickets(self) -> list[tuple]:
+        if not (self.home / DB_FILENAME).exists():
+            return []
+        with sqlite3.connect(self.home / DB_FILENAME) as db:
+            return db.execute("SELECT id, requester_id, task FROM runs ORDER BY id").fetchall()
+
+    def outputs(self) -> list[dict]:
+        return [json.loads(e["item"]["output"]) for e in self.realtime.received
+                if e["type"] == "conversation.item.create" and e["item"]["type"] == "function_call_output"]
+
+
+@contextlib.asynccontextmanager
+async def room(tmp_path: Path, script, *, members: Sequence[tuple[str, str | None]] = (),
+               transcripts: Mapping[str, Sequence[str | None]] | None = None, transcript_delay_ms: int = 0,
+               **settings: str) -> AsyncIterator[Room]:
+    """The fake Discord with `members` ((username, display name) pairs, besides olive and gus), the fake
+    Realtime answering with `script` and transcribing each member's turns from `transcripts` (by
+    username), and `switchboard run` with Switchboard `settings` (environment variables) on top."""
+    async with FakeDiscord(voice=True, workdir=tmp_path) as fake:
+        people = {"olive": fake.add_user("olive", nick="Olive"), "gus": fake.add_user("gus", nick="Olive")}
+        people.update((username, fake.add_user(username, nick=nick)) for username, nick in members)
+        said = {people[username].id: list(texts) for username, texts in (transcripts or {}).items()}
+        async with FakeRealtime(script, transcripts=said or None, transcript_delay_ms=transcript_delay_ms) as realtime:
+            home = tmp_path / "home"
+            env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "PYTHONPATH": str(ROOT),
+                   **fake.bot_env(), "DISCORD_BOT_TOKEN": fake.token, "OPENAI_API_KEY": OPENAI_KEY,
+                   "SWITCHBOARD_REALTIME_URL": realtime.url, "SWITCHBOARD_HOME": str(home),
+                   "SWITCHBOARD_OPERATOR_USER_IDS": str(people["olive"].id), "SWITCHBOARD_AGENT_LANES": "command",
+                   "SWITCHBOARD_AGENT_COMMAND": f"{sys.executable} {FAKE_AGENT} answer {{task}}",
+                   "SWITCHBOARD_RUNS_CHANNEL_ID": str(fake.text_channel.id), **settings}
+            log = (tmp_path / "switchboard.log").open("wb")
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m",
+                                                        "tests.support.fake_discord.run_switchboard",
+                                                        cwd=ROOT, env=env, stdout=log, stderr=log)
+            try:
+                await fake.wait_gateway_ready(timeout=WAIT_S)
+                yield Room(fake, realtime, people, home, proc)
+            finally:
+                if proc.returncode is None:
+                    proc.terminate()  # SIGTERM: the graceful path
+                code = await asyncio.wait_for(proc.wait(), 20)
+                log.close()
+            text = (tmp_path / "switchboard.log").read_text()
+            assert code == 0, text[-3000:]
+            assert OPENAI_KEY not in text and fake.token not in text
+            assert "Traceback" not in text, text[-3000:]
+            realtime.assert_clean()
+
+
+async def join_and_settle(r: Room, *members: SimUser) -> None:
+    """`members` enter the voice channel, then the operator has the bot join it; returns once the bot
+    is in the channel's DAVE group with every member's key and its Realtime session is configured."""
+    for member in members:
+        await r.fake.join_voice(member)
+    joined = await r.command("talk join", r.olive, {"channel": r.fake.voice_channel.id})
+    assert joined["embeds"][0]["title"] == "In the call", joined
+    await in_voice(r)
+    await r.realtime.wait_received("session.update", timeout=WAIT_S)
+
+
+async def in_voice(r: Room) -> None:
+    """The bot's voice session is described and it is a member of the channel's DAVE group."""
+    await r.fake.wait_bot_voice(timeout=WAIT_S)
+    await r.fake.journal.wait_for(lambda: r.fake.bot.id in r.fake.voice.relay.members, WAIT_S)
+    await dave_settled(r)
+
+
+async def dave_settled(r: Room) -> None:
+    """Every DAVE transition the fake announced to the bot (op 29 commit, op 30 welcome) has been
+    processed by it (op 23) and executed (op 22): it holds the keys of every member in the group."""
+    journal = r.fake.journal
+
+    def settled() -> bool:
+        announced = len(journal.frames_of("voice", "out", 29)) + len(journal.frames_of("voice", "out", 30))
+        return announced > 0 and len(journal.frames_of("voice", "out", 22)) >= announced
+
+    await journal.wait_for(settled, WAIT_S)
+
+
+async def say(r: Room, *speakers: SimUser, text: str = "audit the auth module and report back") -> None:
+    """Each speaker says `text` (overlapping when several), until the engine commits a turn. Sent as one
+    burst: the bot keeps only the last 500 ms of it per member (measured: 1.1 s of a 3.8 s sentence was
+    committed, against 4.0 s with `speak_live`), enough for a turn but not for what the turn holds."""
+    frames = opus_speech(text)
+    before = len(commits(r.realtime))
+    for _attempt in range(3):  # DAVE may still be settling for the first packets: say it again
+        await asyncio.gather(*(r.fake.speak(s, frames) for s in speakers))
+        with contextlib.suppress(AssertionError):
+            await r.realtime.wait_for(lambda: len(commits(r.realtime)) > before, 8)
+            return
+    raise AssertionError("the bot never committed a turn")
+
+
+async def speak_live(fake: FakeDiscord, user: SimUser, frames: Sequence[bytes], *, chunk: int = 5,
+                     lead: int = 2) -> float:
+    """Relay `frames` as a client does, in real time: `chunk` frames (100 ms) at a time, `lead` chunks
+    ahead of the clock (bursts stay well under the 500 ms the bot queues per member). Returns, on the
+    loop's clock, when the last frame is due — the moment the speaker stops talking — after waiting
+    until then."""
+    if (lead + 1) * chunk > MAX_BURST_FRAMES:
+        raise ValueError("the bot would shed part of a burst that long")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    for first in range(0, len(frames), chunk):
+        due = start + (first / chunk - lead) * chunk * FRAME_S
+        if (wait := due - loop.time()) > 0:
+            await asyncio.sleep(wait)  # real-time pacing: the bot hears a member at Discord's pace
+        await fake.speak(user, list(frames[first:first + chunk]), announce=first == 0)
+    end = start + len(frames) * FRAME_S
+    if (wait := end - loop.time()) > 0:
+        await asyncio.sleep(wait)
+    return end
+
+
+# -- what the fake Realtime server was told --------------------------------------------------------
+
+
+def commits(realtime: FakeRealtime) -> list[int]:
+    """Indexes in `realtime.received` of every `input_audio_buffer.commit`."""
+    return [i for i, e in enumerate(realtime.received) if e.get("type") == "input_audio_buffer.commit"]
+
+
+def context_before(realtime: FakeRealtime, index: int) -> str | None:
+    """The text of the system message item created right before event `index` (a commit), if it is one."""
+    if index == 0:
+        return None
+    event = realtime.received[index - 1]
+    item = event.get("item") or {}
+    if event.get("type") != "conversation.item.create" or item.get("type") != "message" or item.get("role") != "system":
+        return None
+    return item["content"][0]["text"]
+
+
+# -- what a member heard from the bot --------------------------------------------------------------
+
+
+def tone_frames(fake: FakeDiscord, listener: SimUser, start: int, end: int | None = None, *,
+                rms: float = 2000.0) -> tuple[int, int]:
+    """What `listener` decodes from the bot's datagrams `start:end` (in the order the bot sent them):
+    how many 20 ms frames have sound (RMS at least `rms`), and how many were not end-to-end encrypted.
+    Give each range once: a member's DAVE session decrypts each frame once."""
+    pcm, plain = hear_bot(fake.voice.sessions, fake.journal.udp[start:end], fake.voice.relay.local[listener.id],
+                          fake.bot.id)
+    loud = sum(float(np.sqrt(np.mean(np.frombuffer(frame, dtype="<i2").astype(np.float64) ** 2))) >= rms
+               for frame in pcm if frame)
+    return loud, plain
