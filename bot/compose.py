@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 from collections.abc import AsyncIterator, Iterator
 
@@ -15,7 +16,7 @@ from listener.archive import MIGRATIONS as LISTENER_STEPS
 from listener.archive import Archive
 
 from .runs import MIGRATIONS, NotificationSink, RunsConfig, RunService
-from .settings import Settings
+from .settings import SECRET_VARIABLES, Settings
 from .store import Migration, Store, open_store
 
 # The listener declares its tables as plain steps (it never imports the service); the store applies them.
@@ -46,7 +47,16 @@ def runs_config(settings: Settings) -> RunsConfig:
     key = settings.hermes_api_key.get_secret_value() if settings.hermes_api_key is not None else None
     return RunsConfig(lanes=settings.agent_lanes, hermes_url=settings.hermes_api_url, hermes_key=key,
                       command=settings.agent_command, profile=settings.agent_profile,
-                      timeout_s=settings.agent_timeout_s)
+                      timeout_s=settings.agent_timeout_s, agent_env=settings.agent_env)
+
+
+def process_secrets(settings: Settings) -> tuple[str, ...]:
+    """Every key and token this process holds: scrubbed from all a run reports, never given to an agent."""
+    held = (settings.discord_token, settings.openai_api_key, settings.xai_api_key, settings.hermes_api_key,
+            settings.listener_key, settings.text_api_key)
+    values = [v.get_secret_value() for v in held if v is not None]
+    values += [os.environ.get(name, "").strip() for name in SECRET_VARIABLES]  # a key's other alias, too
+    return tuple(dict.fromkeys(v for v in values if v))
 
 
 @contextlib.asynccontextmanager
@@ -55,7 +65,7 @@ async def run_service(settings: Settings, sink: NotificationSink | None = None) 
 
     Raises `bot.store.StoreError` (one line, says what to check) when the store cannot be opened."""
     store = await open_home_store(settings)
-    service = RunService(store, runs_config(settings), sink=sink)
+    service = RunService(store, runs_config(settings), sink=sink, secrets=process_secrets(settings))
     try:
         await service.start()
         yield service

@@ -23,7 +23,7 @@ from listener.extract import FactExtractor
 from listener.jobs import Job
 from listener.pipeline import CallNotifier, TranscriptPipeline
 
-from .compose import open_home_store, runs_config, stop_on_signals
+from .compose import open_home_store, process_secrets, runs_config, stop_on_signals
 from .listener_delivery import ListenerDelivery, TerminalPoster
 from .runs import RunService, TerminalSink
 from .settings import Settings, text_model_key
@@ -158,7 +158,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None, key: 
         print(f"switchboard listen: {exc}", file=sys.stderr)
         return EXIT_USAGE
     delivery = ListenerDelivery(store, TerminalSink(), TerminalPoster(), default_channel=settings.transcripts_channel_id)
-    runs = RunService(store, runs_config(settings), sink=delivery)
+    runs = RunService(store, runs_config(settings), sink=delivery, secrets=process_secrets(settings))
     stopping = stopping or asyncio.Event()
     listener = None
     try:

@@ -34,6 +34,7 @@ from voice.call.providers import (
 from voice.call.providers.endpoint import check_key_endpoint, check_realtime_url, display_url
 
 from . import setting_rules as rules
+from .runs.agent_command import AgentEnvError, check_agent_env, parse_agent_env
 
 ENDPOINTING_MODES = ("server", "local")
 REPLY_MODES = ("everyone", "addressed")
@@ -102,6 +103,7 @@ class Settings(BaseSettings):
     agent_command: tuple[str, ...] = Field(DEFAULT_AGENT_COMMAND, validation_alias="SWITCHBOARD_AGENT_COMMAND")
     agent_profile: str | None = Field(None, validation_alias="SWITCHBOARD_AGENT_PROFILE")
     agent_timeout_s: float = Field(1800.0, validation_alias="SWITCHBOARD_AGENT_TIMEOUT_S")
+    agent_env: tuple[str, ...] = Field((), validation_alias="SWITCHBOARD_AGENT_ENV")
 
     # -- the Smartnumbers listener ------------------------------------------------------------------
     listener_key: SecretStr | None = Field(None, validation_alias="TRANSCRIPT_LISTENER_API_KEY")
@@ -213,6 +215,14 @@ class Settings(BaseSettings):
         if not lanes:
             raise ValueError(f"names no lane; use {','.join(AGENT_LANES)} or one of them")
         return lanes
+
+    @field_validator("agent_env", mode="before")
+    @classmethod
+    def _agent_env(cls, value: Any) -> tuple[str, ...]:
+        try:
+            return parse_agent_env(value) if isinstance(value, str) else check_agent_env(tuple(value))
+        except AgentEnvError as exc:
+            raise ValueError(str(exc).removeprefix("SWITCHBOARD_AGENT_ENV: ")) from None
 
     @field_validator("reply_to", mode="before")
     @classmethod

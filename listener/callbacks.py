@@ -207,10 +207,20 @@ class Callbacks:
 
     async def due(self, *, auto_review: bool, received_at: float) -> list[Callback]:
         """What runs after a call that arrived at `received_at`: the review first (when it has
-        instructions and auto review is on), then every enabled callback that existed by then — a
-        callback registered later never fires for an older call, even when its event is replayed."""
+        instructions and auto review is on), then every enabled callback that existed before then — a
+        callback registered later (or at the same instant: its order is unknown) never fires for that
+        call. Prefer `due_for_call`, which reads the arrival time from the archive itself."""
         return [c for c in await self.list() if c.enabled and (auto_review or not c.is_review)
-                and c.created_at <= received_at]
+                and c.created_at < received_at]
+
+    async def due_for_call(self, transcript_id: int, *, auto_review: bool) -> list[Callback]:
+        """`due` for an archived call, measured against the time it was first archived — never the time
+        of this delivery, so a redelivered event cannot run a callback registered after the call.
+        Nothing is due for a call that is not archived."""
+        row = await self.db.fetchone("SELECT received_at FROM transcripts WHERE id = ?", (transcript_id,))
+        if row is None:
+            return []
+        return await self.due(auto_review=auto_review, received_at=float(row["received_at"]))
 
 
 def _digest(token: str) -> str:

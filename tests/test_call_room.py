@@ -118,7 +118,8 @@ def test_the_first_speaker_streams_live_and_an_overlapping_speaker_is_buffered_w
     events = sent(out)
     commit_at = [e["type"] for e in events].index("input_audio_buffer.commit")
     live = [e for e in events[:commit_at] if e["type"] == "input_audio_buffer.append"]
-    assert len(live) >= 20  # Alice's audio went out tick by tick while she spoke
+    sizes = [len(base64.b64decode(e["audio"])) for e in live]
+    assert len(live) >= 8 and set(sizes[:-1]) == {5 * 960}  # Alice's audio went out while she spoke, 100 ms at a time
     bobs = [base64.b64decode(e["audio"]) for e in events[commit_at:] if e["type"] == "input_audio_buffer.append"]
     # Bob's whole turn, appended only once Alice's was committed: 2 frames of prefix, 13 voiced, 25 of silence
     assert sum(len(b) for b in bobs) == 40 * 960 and len(bobs) == 1

@@ -7,6 +7,7 @@ import pytest
 
 from bot.compose import LISTENER_MIGRATIONS
 from bot.store import open_store
+from listener.archive import Archive
 from listener.callbacks import (
     REVIEW_ID,
     CallbackError,
@@ -15,8 +16,11 @@ from listener.callbacks import (
     check_deliver,
     deliver_channel,
 )
+from listener.pipeline import TranscriptPipeline
+from tests.support.calls import call
 
 CHANNEL = "123456789012345678"
+NOW = 1_750_000_000.0
 
 
 @pytest.fixture
@@ -148,3 +152,53 @@ async def test_model_arguments_that_are_not_text_are_refused_not_crashed(store, 
     with pytest.raises(CallbackError):
         await review_config(Callbacks(store), args)
     assert await Callbacks(store).list() == []
+
+
+# -- a callback registered after a call never fires for it, however often the call is delivered --------
+
+async def test_what_is_due_for_an_archived_call_is_measured_against_its_archive_time_not_this_delivery(store):
+    archived = await Archive(store).archive(call("call_7", ("TO", "Hello."), ("FROM", "Hi.")), "{}",
+                                            received_at=NOW, user_label="FROM")
+    now = [NOW - 60]
+    callbacks = Callbacks(store, clock=lambda: now[0])
+    await callbacks.register("before", "Before", "Existed when the call came in.")
+    now[0] = NOW  # the same instant as the archive: which came first is unknown, so it is not due
+    await callbacks.register("same-instant", "Same instant", "Registered as the call was archived.")
+    now[0] = NOW + 60
+    await callbacks.register("after", "After", "Registered once the call was archived.")
+    now[0] = NOW + 3600  # the redelivery, an hour later
+    due = await callbacks.due_for_call(archived.transcript_id, auto_review=True)
+    assert [c.id for c in due] == ["before"]
+    assert [c.id for c in await callbacks.due(auto_review=True, received_at=NOW)] == ["before"]
+    assert await callbacks.due_for_call(archived.transcript_id + 1, auto_review=True) == []  # no such call
+
+
+class StartedJobs:
+    def __init__(self) -> None:
+        self.started: list = []
+
+    async def start_job(self, job) -> str:
+        self.started.append(job)
+        return f"run-{len(self.started)}"
+
+
+async def test_a_redelivered_call_never_runs_a_callback_registered_after_it_arrived(store):
+    """The pipeline end to end on a moving clock: the redelivery comes an hour later, after a callback
+    was registered; only the callback that existed when the call first arrived ever runs for it."""
+    now = [NOW - 60]
+    await Callbacks(store, clock=lambda: now[0]).register("early", "Early", "Log the caller.")
+    jobs = StartedJobs()
+    pipeline = TranscriptPipeline(Archive(store), download=None, jobs=jobs, agent_name="Ares",
+                                  clock=lambda: now[0])
+    event = {"type": "transcript_url", "event_id": "evt_1", "conversation_id": "call_9",
+             "metadata": {"direction": "inbound", "from": "+15550001", "to": "+15550002"},
+             "turns": [{"speaker": "TO", "text": "Hello, this is the clinic."}, {"speaker": "FROM", "text": "Hi."}]}
+    now[0] = NOW
+    first = await pipeline.handle(event)
+    assert first["success"] is True and [j.label for j in jobs.started] == ["Early"]
+    now[0] = NOW + 60
+    await Callbacks(store, clock=lambda: now[0]).register("late", "Late", "Too late for call_9.")
+    now[0] = NOW + 3600
+    replay = await pipeline.handle({**event, "event_id": "evt_1_again"})
+    assert replay["stages"]["archive"] == "already archived"
+    assert [j.label for j in jobs.started] == ["Early"] and replay["job_ids"] == first["job_ids"]

@@ -9,6 +9,7 @@ import numpy as np
 
 from tests.support.packets import dominant_frequency
 from voice.media.playback import PlaybackSource
+from voice.media.rtp import OPUS_SILENCE
 
 
 def tone24k(freq: float, ms: int, amplitude: float = 0.3) -> bytes:
@@ -21,10 +22,13 @@ def drain(src: PlaybackSource, frames: int) -> list[bytes]:
     return [src.read() for _ in range(frames)]
 
 
-def test_underrun_is_silence_of_exact_size_and_never_ends_playback():
+def test_underrun_is_opus_silence_that_costs_no_encoding_and_never_ends_playback():
     src = PlaybackSource()
     frames = drain(src, 3)
-    assert frames == [bytes(3840)] * 3 and src.underruns == 3 and not src.is_opus()
+    assert frames == [OPUS_SILENCE] * 3 and src.underruns == 3 and src.is_opus()
+    src.feed(tone24k(440.0, 100), "item")
+    src.finish_item("item")
+    assert len(src.read()) == 3840 and not src.is_opus()  # audio is PCM for discord.py to encode
 
 
 def test_model_audio_is_upsampled_to_48k_stereo_frames_at_the_right_pitch():
@@ -32,7 +36,8 @@ def test_model_audio_is_upsampled_to_48k_stereo_frames_at_the_right_pitch():
     src.feed(tone24k(440.0, 1000), "item_a")
     src.finish_item("item_a")
     frames = drain(src, 52)
-    assert all(len(f) == 3840 for f in frames)
+    assert all(len(f) == 3840 or f == OPUS_SILENCE for f in frames)
+    assert all(len(f) == 3840 for f in frames[2:48])
     pcm = b"".join(frames[2:48])
     stereo = np.frombuffer(pcm, "<i2").reshape(-1, 2)
     assert np.array_equal(stereo[:, 0], stereo[:, 1])
@@ -54,7 +59,7 @@ def test_clear_stops_playback_on_the_next_frame_and_keeps_the_played_count():
     src.feed(tone24k(300.0, 2000), "item_c")
     drain(src, 5)
     src.clear()
-    assert src.read() == bytes(3840) and not src.is_playing()
+    assert src.read() == OPUS_SILENCE and not src.is_playing()
     assert src.played_ms("item_c") == 100
     src.feed(tone24k(300.0, 100), "item_d")  # a new item after barge-in plays from its start
     src.finish_item("item_d")

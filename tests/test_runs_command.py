@@ -10,6 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from bot.runs.agent_command import (
+    AGENT_ENV_NAMES,
+    AGENT_ENV_PREFIXES,
+    BOT_SECRET_VARIABLES,
+    AgentEnvError,
+    parse_agent_env,
+)
 from bot.runs.config import RunsConfig
 from bot.runs.core import Finished, RunState, RunTicket
 from bot.runs.lanes import CommandLane, LaneError
@@ -90,12 +97,84 @@ async def test_flooding_output_is_capped_keeping_head_and_tail():
     assert len(finished.output.encode()) < 4096 + 200
 
 
-async def test_the_agent_does_not_see_switchboard_secrets():
-    agent = CommandLane(RunsConfig(command=agent_command("env")),
-                        env={**os.environ, "SWITCHBOARD_DISCORD_TOKEN": "secret-token", "KEEP_ME": "1"})
+# Every key and token Switchboard itself may hold, as the operator's environment would carry them.
+BOT_SECRETS = {
+    "DISCORD_BOT_TOKEN": "discord-bot-token-NEVER-FOR-THE-AGENT-0001",
+    "SWITCHBOARD_DISCORD_TOKEN": "discord-alt-token-NEVER-FOR-THE-AGENT-0002",
+    "TRANSCRIPT_LISTENER_API_KEY": "sn-listener-key-NEVER-FOR-THE-AGENT-0003",
+    "OPENAI_API_KEY": "sk-openai-key-NEVER-FOR-THE-AGENT-0004",
+    "SWITCHBOARD_OPENAI_API_KEY": "sk-openai-scoped-NEVER-FOR-THE-AGENT-0005",
+    "XAI_API_KEY": "xai-key-NEVER-FOR-THE-AGENT-0006",
+    "API_SERVER_KEY": "hermes-api-key-NEVER-FOR-THE-AGENT-0007",
+    "SWITCHBOARD_HERMES_API_KEY": "hermes-scoped-key-NEVER-FOR-THE-AGENT-0008",
+    "SWITCHBOARD_TEXT_API_KEY": "sk-text-key-NEVER-FOR-THE-AGENT-0009",
+    "SWITCHBOARD_CALLBACK_TOKEN": "sbt_someone-elses_token-NEVER-FOR-THE-AGENT",
+}
+
+
+def operator_environment(tmp_path: Path) -> dict[str, str]:
+    """What `switchboard run` may hold: the basics, Hermes's own variables, the bot's secrets, and
+    unrelated variables of the operator's shell."""
+    return {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "USER": "op", "LOGNAME": "op",
+            "SHELL": "/bin/sh", "TERM": "dumb", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TZ": "UTC",
+            "TMPDIR": str(tmp_path), "XDG_CONFIG_HOME": str(tmp_path / "config"),
+            "HERMES_HOME": str(tmp_path / "hermes"), "SWITCHBOARD_HOME": str(tmp_path / "sb"),
+            "SWITCHBOARD_AGENT_LANES": "command", "AWS_SECRET_ACCESS_KEY": "aws-NEVER-FOR-THE-AGENT",
+            "GITHUB_TOKEN": "ghp-NEVER-FOR-THE-AGENT", "SOME_TOOL_SETTING": "1", **BOT_SECRETS}
+
+
+ALLOWED = {"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LC_ALL", "TZ", "TMPDIR", "XDG_CONFIG_HOME",
+           "HERMES_HOME", "SWITCHBOARD_HOME"}
+
+
+async def test_the_agent_process_gets_the_allow_list_and_never_a_key_or_token_switchboard_holds(tmp_path):
+    agent = CommandLane(RunsConfig(command=agent_command("env")), env=operator_environment(tmp_path))
     finished = await run_to_end(agent, ticket())
-    env = json.loads(finished.output)
-    assert env.get("KEEP_ME") == "1" and not any(k.startswith("SWITCHBOARD_") for k in env)
+    seen = json.loads(finished.output)  # what the real process found in its environment
+    assert set(seen) == ALLOWED
+    assert seen["HERMES_HOME"] == str(tmp_path / "hermes") and seen["PATH"] == os.environ.get("PATH", "/usr/bin:/bin")
+    for value in [*BOT_SECRETS.values(), "aws-NEVER-FOR-THE-AGENT", "ghp-NEVER-FOR-THE-AGENT"]:
+        assert value not in finished.output
+
+
+async def test_an_operator_passes_more_by_name_but_never_a_secret_by_name_or_by_value(tmp_path):
+    env = operator_environment(tmp_path)
+    env["HERMES_BORROWED"] = f"--key={BOT_SECRETS['OPENAI_API_KEY']}"  # allow-listed name, a bot secret inside
+    config = RunsConfig(command=agent_command("env"), agent_env=("SOME_TOOL_SETTING", "GITHUB_TOKEN"))
+    agent = CommandLane(config, env=env, withhold=[BOT_SECRETS["OPENAI_API_KEY"], "", None])
+    finished = await run_to_end(agent, ticket())
+    seen = json.loads(finished.output)
+    assert set(seen) == ALLOWED | {"SOME_TOOL_SETTING", "GITHUB_TOKEN"}  # the operator asked for the agent's own
+    assert BOT_SECRETS["OPENAI_API_KEY"] not in finished.output
+
+
+@pytest.mark.parametrize("names,says", [
+    ("OPENAI_API_KEY", "one of Switchboard's secrets"), ("DISCORD_BOT_TOKEN", "one of Switchboard's secrets"),
+    ("PATH,API_SERVER_KEY", "one of Switchboard's secrets"),
+    ("SWITCHBOARD_CALLBACK_TOKEN", "one of Switchboard's secrets"),
+    ("SWITCHBOARD_MODEL", "Switchboard's own setting"), ("BAD-NAME", "not a variable name"),
+    ("A B", "not a variable name"), ("1ABC", "not a variable name"),
+])
+def test_switchboard_agent_env_refuses_secrets_and_anything_that_is_not_a_name(names, says):
+    with pytest.raises(AgentEnvError, match=says):
+        parse_agent_env(names)
+    with pytest.raises(ValueError, match=says):
+        RunsConfig(agent_env=tuple(names.split(",")))
+
+
+def test_switchboard_agent_env_names_are_trimmed_deduplicated_and_blank_means_none():
+    assert parse_agent_env(None) == parse_agent_env("") == parse_agent_env(" , ") == ()
+    assert parse_agent_env(" HTTPS_PROXY, SSL_CERT_FILE ,HTTPS_PROXY") == ("HTTPS_PROXY", "SSL_CERT_FILE")
+    assert RunsConfig(agent_env=(" NODE_OPTIONS ", "")).agent_env == ("NODE_OPTIONS",)
+
+
+def test_every_variable_settings_reads_a_secret_from_is_withheld_from_the_agent():
+    from bot.settings import SECRET_VARIABLES
+
+    assert SECRET_VARIABLES <= BOT_SECRET_VARIABLES
+    assert set(BOT_SECRETS) <= BOT_SECRET_VARIABLES
+    assert not BOT_SECRET_VARIABLES & AGENT_ENV_NAMES
+    assert not any(name.startswith(AGENT_ENV_PREFIXES) for name in BOT_SECRET_VARIABLES)
 
 
 async def test_stop_terminates_the_whole_process_group(tmp_path):

@@ -347,10 +347,10 @@ def test_a_set_profile_wins_and_a_blank_one_opts_out(tmp_path):
     assert resolve_profile(("my-agent", "{task}"), "other", home) is None
 
 
-def test_the_agent_does_not_inherit_switchboards_own_variables():
+def test_the_agent_inherits_neither_switchboards_own_variables_nor_any_key():
     env = child_environment({"PATH": "/bin", "SWITCHBOARD_DISCORD_TOKEN": "t", "SWITCHBOARD_HERMES_API_KEY": "k",
                              "OPENAI_API_KEY": "o"})
-    assert env == {"PATH": "/bin", "OPENAI_API_KEY": "o"}
+    assert env == {"PATH": "/bin"}
 
 
 # -- spoken text -----------------------------------------------------------------------------------

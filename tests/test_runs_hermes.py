@@ -258,6 +258,70 @@ async def test_a_dropped_stream_is_reconciled_with_the_run_status():
     assert gets.count(f"/v1/runs/{run_id}") == 2 and gets.count(f"/v1/runs/{run_id}/events") == 1
 
 
+async def test_more_runs_than_stream_connections_all_start_and_finish_and_requests_still_go_through():
+    """Four stream connections and four request connections: six runs at once all start and finish
+    (four over their event stream, two by their status), and a seventh request is not starved."""
+    vt = VirtualTime()
+    async with FakeHermes(key=KEY) as fake:
+        lane = lane_for(fake, sleep=vt.sleep, stream_limit=4, request_limit=4)
+        runs, seen, follows = [], [], []
+        try:
+            for n in range(1, 7):
+                draft = ticket(id=n, task=f"task {n}", idempotency_key=f"switchboard-{n:032x}")
+                runs.append(ticket(id=n, task=f"task {n}", external_id=await asyncio.wait_for(lane.start(draft),
+                                                                                               SAFETY_S)))
+                seen.append(Collector())
+                follows.append(asyncio.create_task(lane.follow(runs[-1], seen[-1])))
+                if n <= 4:  # a free stream slot: the run is followed over its event stream
+                    await asyncio.wait_for(fake.runs[runs[-1].external_id].stream_open.wait(), SAFETY_S)
+                else:  # every slot taken: asked for its status at once, then every poll interval
+                    await asyncio.wait_for(seen[-1].wait_for(Running), SAFETY_S)
+                    await asyncio.wait_for(vt.wait_sleeper(lambda d: d == 5), SAFETY_S)
+                    if n == 5:
+                        vt.advance(1)  # run 5's poll is now 4 s away: only run 6's can be 5 s away next
+            assert lane.streams_open == 4
+            assert [fake.runs[r.external_id].stream_used for r in runs] == [True] * 4 + [False] * 2
+
+            # four streams hold four connections; requests have their own, and all of these go through
+            assert (await asyncio.wait_for(lane.probe(), SAFETY_S)).available
+            await asyncio.wait_for(lane.steer(runs[0], "[sb-1] also check the logs"), SAFETY_S)
+            seventh = ticket(id=7, task="task 7", idempotency_key=f"switchboard-{7:032x}")
+            seventh = ticket(id=7, task="task 7", external_id=await asyncio.wait_for(lane.start(seventh), SAFETY_S))
+            assert fake.submissions == 7 and fake.runs[runs[0].external_id].steers == ["[sb-1] also check the logs"]
+
+            for run in runs[:4]:
+                fake.complete(run.external_id, f"done {run.id}")
+            for run in runs[4:]:
+                fake.set_status(run.external_id, "completed", output=f"done {run.id}")
+            await asyncio.wait_for(asyncio.gather(*follows[:4]), SAFETY_S)
+            vt.advance(5)  # both polls are due now
+            await asyncio.wait_for(asyncio.gather(*follows[4:]), SAFETY_S)
+            for run, collector in zip(runs, seen, strict=True):
+                assert collector.seen[-1] == Finished(RunState.COMPLETED, output=f"done {run.id}")
+            assert lane.streams_open == 0
+
+            # the slots are free again: the seventh run is followed over its stream
+            last = Collector()
+            follows.append(asyncio.create_task(lane.follow(seventh, last)))
+            await asyncio.wait_for(fake.runs[seventh.external_id].stream_open.wait(), SAFETY_S)
+            fake.complete(seventh.external_id, "done 7")
+            await asyncio.wait_for(follows[-1], SAFETY_S)
+            assert last.seen == [Finished(RunState.COMPLETED, output="done 7")]
+            fake.assert_clean()
+        finally:
+            for follow in follows:
+                follow.cancel()
+            await asyncio.gather(*follows, return_exceptions=True)
+            await lane.aclose()
+
+
+def test_pool_limits_below_one_are_refused():
+    config = RunsConfig(hermes_key=KEY)
+    for limits in ({"stream_limit": 0}, {"request_limit": 0}):
+        with pytest.raises(ValueError, match="at least 1"):
+            HermesApiLane(config, **limits)
+
+
 async def test_steer_and_stop_use_the_run_endpoints():
     async with FakeHermes(key=KEY) as fake:
         lane = lane_for(fake)

@@ -45,14 +45,14 @@ class Harness:
 @contextlib.asynccontextmanager
 async def harness(tmp_path, *, fake: FakeHermes | None = None, lanes=("hermes-api", "command"),
                   command=None, vt: VirtualTime | None = None, owner: str | None = None, attach: bool = True,
-                  crash: bool = False, **config) -> AsyncIterator[Harness]:
+                  crash: bool = False, secrets: tuple[str, ...] = (), **config) -> AsyncIterator[Harness]:
     vt = vt or VirtualTime()
     url = fake.url if fake else f"http://127.0.0.1:{free_port()}"
     cfg = RunsConfig(lanes=tuple(lanes), hermes_url=url, hermes_key=KEY,
                      command=tuple(command or agent_command("answer")), **config)
     store = await open_store(tmp_path / "home", MIGRATIONS)
     sink, call = RecordingSink(), RecordingCall()
-    service = RunService(store, cfg, sink=sink, clock=vt.clock, sleep=vt.sleep, owner=owner)
+    service = RunService(store, cfg, sink=sink, clock=vt.clock, sleep=vt.sleep, owner=owner, secrets=secrets)
     if attach:
         service.attach(call)
     await service.start()
@@ -435,3 +435,126 @@ async def test_check_work_without_a_number_summarises_what_runs_and_what_landed(
         with pytest.raises(LookupError):
             await h.service.check(99)
         assert {t.state for t in await h.service.tickets()} <= set(TERMINAL) | {RunState.RUNNING}
+
+
+# -- secrets never leave in what a run reports -----------------------------------------------------
+
+# What the composition root hands the service: every key and token the process holds.
+PROCESS_SECRETS = {
+    "discord": "MTA5ODc2NTQzMjEwOTg3NjU0.GaBcDe.discord-token-0123456789abcdefXYZ",
+    "listener": "sn-listener-key-NEVER-IN-A-RUN-0123456789",
+    "openai": "sk-proj-openai-key-NEVER-IN-A-RUN-0123456789",
+    "xai": "xai-key-NEVER-IN-A-RUN-0123456789abcdef",
+    "text": "sk-text-model-key-NEVER-IN-A-RUN-012345",
+}
+RUN_SECRET = "run-own-secret-9f8e7d6c5b4a39281706"  # a run's token, shaped like no other
+
+
+def pieces(secret: str, n: int = 8) -> list[str]:
+    return [secret[i:i + n] for i in range(len(secret) - n + 1)]
+
+
+def leaked(text: str | None, *secrets: str) -> list[str]:
+    """Every run of 8 characters of a secret found in `text` (a cut-short secret still leaks)."""
+    return [piece for secret in secrets for piece in pieces(secret) if text and piece in text]
+
+
+async def everything_reported(h: Harness, run_id: int) -> str:
+    """All a run left behind: its ticket and events in the store, what was posted, said and answered."""
+    ticket = await h.service.get(run_id)
+    events = await h.service.repo.events(run_id)
+    posted = [t for t in h.sink.posted if t.id == run_id]
+    return "\n".join([repr(ticket), *(repr(e) for e in events), *(repr(t) for t in posted), *h.call.said,
+                      repr(await h.service.check(run_id)), repr(await h.service.check())])
+
+
+async def test_every_secret_the_process_holds_is_scrubbed_from_what_a_run_stores_says_and_posts(tmp_path):
+    secrets = (*PROCESS_SECRETS.values(), KEY)  # KEY: the Hermes key from the config, added by the service
+    async with harness(tmp_path, lanes=("command",), secrets=tuple(PROCESS_SECRETS.values())) as h:
+        await h.service.delegate(f"check the config; the old key was {PROCESS_SECRETS['openai']}",
+                                 context="Your environment: " + " ".join(secrets))
+        done = await h.delivered(1)
+        assert done.state is RunState.COMPLETED and "Your environment: [redacted]" in done.output
+        assert done.task == "check the config; the old key was [redacted]"  # what is stored and shown
+        assert leaked(await everything_reported(h, 1), *secrets) == []
+
+
+async def test_a_secret_cut_short_by_the_output_cap_is_scrubbed_from_both_ends_of_the_cut(tmp_path):
+    """The cap keeps the head and the tail: the head ends with the first 14 characters of the run's own
+    secret, the tail starts 12 characters into the Discord token; neither piece survives."""
+    discord = PROCESS_SECRETS["discord"]
+    tail = 192 - (len(discord) - 12) - 1  # a 256-byte cap keeps a 192-byte tail, ending with print's newline
+    context = RUN_SECRET + "B" * 500 + discord + "C" * tail
+    async with harness(tmp_path, lanes=("command",), output_cap_bytes=256, secrets=(discord,)) as h:
+        await h.service.delegate("A" * 40, context=context, scrub=(RUN_SECRET,))  # "answer: " + 40 + 2 = 50
+        done = await h.delivered(1)
+        assert done.output_cut and done.output.startswith("answer: " + "A" * 40)
+        head, _, rest = done.output.partition("\n[…")
+        assert head.endswith("[redacted]") and rest.split("\n", 1)[1].startswith("[redacted]" + "C" * tail)
+        assert leaked(await everything_reported(h, 1), RUN_SECRET, discord) == []
+
+
+async def test_a_runs_own_secret_is_scrubbed_from_its_final_report(tmp_path):
+    async with harness(tmp_path, lanes=("command",)) as h:
+        await h.service.delegate("use the token you were given", context=f"token: {RUN_SECRET}",
+                                 scrub=(RUN_SECRET,))
+        done = await h.delivered(1)
+        assert done.output.strip().endswith("token: [redacted]")
+        assert leaked(await everything_reported(h, 1), RUN_SECRET) == []
+        # another run is not given that secret's scrubbing, and needs none
+        await h.service.delegate("say hello")
+        assert (await h.delivered(2)).output.strip() == "answer: say hello"
+
+
+async def test_a_mutation_token_with_dashes_and_underscores_is_scrubbed_whole_even_unannounced(tmp_path):
+    token = "sbt_kZ3-9q_Xw-Pm_77-aB_cD-eF_gH-iJ_kL"  # the URL-safe alphabet: - and _ inside
+    async with harness(tmp_path, lanes=("command",)) as h:
+        await h.service.delegate(f"switchboard callbacks register x --token {token} && done")
+        done = await h.delivered(1)
+        assert done.output.strip() == "answer: switchboard callbacks register x --token [redacted] && done"
+        assert leaked(await everything_reported(h, 1), token) == []
+
+
+async def test_secrets_are_scrubbed_from_hermes_progress_cut_short_and_its_final_report(tmp_path):
+    secrets = (*PROCESS_SECRETS.values(), KEY, RUN_SECRET)
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake,
+                                                     secrets=tuple(PROCESS_SECRETS.values())) as h:
+        await h.service.delegate("audit the deploy", context=f"token {RUN_SECRET}", scrub=(RUN_SECRET,))
+        run = await accepted(h, 1)
+        assert fake.runs[run.external_id].input.endswith(f"token {RUN_SECRET}")  # the agent got it
+        await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
+        # a preview is cut at 120 characters: it ends 20 characters into the Discord token
+        fake.progress(run.external_id, "terminal", "x" * 100 + PROCESS_SECRETS["discord"])
+        progressed = await h.until(1, lambda t: t.progress is not None)
+        assert progressed.progress == "using terminal: " + "x" * 100 + "[redacted]"
+        fake.progress(run.external_id, "terminal", f"export OPENAI_API_KEY={PROCESS_SECRETS['openai']}")
+        await h.until(1, lambda t: "export" in (t.progress or ""))
+        fake.complete(run.external_id, f"Done. Used {RUN_SECRET}, {KEY} and {PROCESS_SECRETS['listener'][:-5]}")
+        done = await h.delivered(1)
+        assert done.output == "Done. Used [redacted], [redacted] and [redacted]"
+        assert leaked(await everything_reported(h, 1), *secrets) == []
+        fake.assert_clean()
+
+
+async def test_a_secret_learned_while_a_run_is_going_is_scrubbed_from_its_report(tmp_path):
+    rotated = "sn-rotated-listener-key-0123456789abcdef"  # the listener key, read again after a rotation
+    go = tmp_path / "go"
+    async with harness(tmp_path, lanes=("command",), command=agent_command("answer", "--wait-for", str(go))) as h:
+        await h.service.delegate("report", context=f"keys {rotated} {RUN_SECRET}", scrub=(RUN_SECRET,))
+        await accepted(h, 1)  # already reported on: its scrubber exists
+        h.service.add_secrets([rotated, None, ""])
+        go.touch()
+        done = await h.delivered(1)
+        assert done.output.strip() == "answer: report\n\nkeys [redacted] [redacted]"
+        assert leaked(await everything_reported(h, 1), rotated, RUN_SECRET) == []
+
+
+async def test_the_agent_the_service_starts_never_gets_a_variable_carrying_a_secret_of_the_process(tmp_path,
+                                                                                                monkeypatch):
+    monkeypatch.setenv("HERMES_SHARED_KEY", PROCESS_SECRETS["openai"])  # an allow-listed name, a bot key inside
+    monkeypatch.setenv("HERMES_GATEWAY_KEY", KEY)  # the Hermes key the service was configured with
+    monkeypatch.setenv("HERMES_MODEL_HINT", "gpt-5")
+    async with harness(tmp_path, lanes=("command",), secrets=tuple(PROCESS_SECRETS.values())) as h:
+        env = h.service.lanes["command"].environment()
+        assert env["HERMES_MODEL_HINT"] == "gpt-5"
+        assert "HERMES_SHARED_KEY" not in env and "HERMES_GATEWAY_KEY" not in env

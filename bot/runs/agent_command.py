@@ -106,9 +106,68 @@ def build_argv(template: Sequence[str], task: str, profile: str | None) -> list[
     return argv
 
 
-def child_environment(env: Mapping[str, str]) -> dict[str, str]:
-    """The agent's environment: ours minus Switchboard's own variables (tokens and keys stay here)."""
-    return {k: v for k, v in env.items() if not k.startswith("SWITCHBOARD_")}
+# The agent reads untrusted call transcripts, so it gets an allow-list, never Switchboard's environment:
+# what a CLI needs to run as you (programs, who and where you are, terminal, locale, time zone,
+# temporary and XDG directories), Hermes's own variables, and where Switchboard's store is (an agent
+# asked to change callbacks runs `switchboard callbacks`). docs/runs.md lists the same.
+AGENT_ENV_NAMES = frozenset({"PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LANGUAGE", "TZ", "TMPDIR",
+                             "SWITCHBOARD_HOME"})
+AGENT_ENV_PREFIXES = ("LC_", "XDG_", "HERMES_")
+AGENT_ENV_VARIABLE = "SWITCHBOARD_AGENT_ENV"
+# Every variable Switchboard reads a secret from (bot.settings.SECRET_VARIABLES, which a test keeps
+# inside this set) and a run's callback token: never passed, not even when asked for by name.
+BOT_SECRET_VARIABLES = frozenset({
+    "DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN", "SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY",
+    "XAI_API_KEY", "SWITCHBOARD_HERMES_API_KEY", "API_SERVER_KEY", "TRANSCRIPT_LISTENER_API_KEY",
+    "SWITCHBOARD_TEXT_API_KEY", "SWITCHBOARD_CALLBACK_TOKEN",
+})
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_WHOLE_VALUE_BELOW = 8  # a secret shorter than this withholds only a variable that is exactly it
+
+
+class AgentEnvError(ValueError):
+    """SWITCHBOARD_AGENT_ENV asks for something the agent may not have; the message says what."""
+
+
+def check_agent_env(names: Sequence[str]) -> tuple[str, ...]:
+    """The extra variable names an operator passes to the agent, checked: each a plain variable name,
+    none of them a secret Switchboard holds or one of Switchboard's own settings. Raises AgentEnvError."""
+    checked: list[str] = []
+    for raw in names:
+        name = raw.strip()
+        if not name:
+            continue
+        if not _NAME.fullmatch(name):
+            raise AgentEnvError(f"{AGENT_ENV_VARIABLE}: {name!r} is not a variable name (letters, digits and _)")
+        if name in BOT_SECRET_VARIABLES:
+            raise AgentEnvError(f"{AGENT_ENV_VARIABLE}: {name} holds one of Switchboard's secrets, which the agent "
+                                f"never gets; give the agent its own key in its own configuration (for Hermes: "
+                                f"$HERMES_HOME/.env)")
+        if name.startswith("SWITCHBOARD_") and name not in AGENT_ENV_NAMES:
+            raise AgentEnvError(f"{AGENT_ENV_VARIABLE}: {name} is Switchboard's own setting, not the agent's")
+        if name not in checked:
+            checked.append(name)
+    return tuple(checked)
+
+
+def parse_agent_env(text: str | None) -> tuple[str, ...]:
+    """SWITCHBOARD_AGENT_ENV (`NAME,NAME`; blank or unset: none) → checked names. Raises AgentEnvError."""
+    return check_agent_env((text or "").replace(";", ",").split(","))
+
+
+def _withheld(value: str, secrets: Sequence[str]) -> bool:
+    return any(value == s or (len(s) >= _WHOLE_VALUE_BELOW and s in value) for s in secrets)
+
+
+def child_environment(env: Mapping[str, str], extra: Sequence[str] = (),
+                      withhold: Sequence[str] = ()) -> dict[str, str]:
+    """The agent's environment: only the allow-listed variables of `env` (AGENT_ENV_NAMES, names
+    starting with AGENT_ENV_PREFIXES, and the checked `extra` names — none of them a secret's name),
+    and never one whose value carries a secret Switchboard holds (`withhold`)."""
+    allowed = set(AGENT_ENV_NAMES) | set(check_agent_env(extra))
+    secrets = [s for s in withhold if s]
+    return {k: v for k, v in env.items()
+            if (k in allowed or k.startswith(AGENT_ENV_PREFIXES)) and not _withheld(v, secrets)}
 
 
 def program_on_path(template: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:

@@ -1,6 +1,18 @@
-"""Bounded output capture — pure: keep the head and the tail of a stream, and say what was cut."""
+"""What of a run's output may be kept — pure: the head and the tail within a cap (saying what was
+cut), and never a secret, whole or cut short."""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+
+REDACTED = "[redacted]"
+# No run of this many characters of a secret survives: a cap, a preview or a stream cut a secret
+# anywhere, so its pieces (a head ending with its first characters, a tail starting mid-secret) count.
+SECRET_PIECE_CHARS = 8
+# A callback-mutation token (listener.callbacks: "sbt_" + URL-safe base64), whole or cut short, even
+# one the scrubber was not told about.
+MUTATION_TOKEN = re.compile(r"sbt_[A-Za-z0-9_-]+")
 
 
 class CappedOutput:
@@ -51,3 +63,46 @@ def cap_text(text: str, cap: int) -> tuple[str, bool]:
     capture = CappedOutput(cap)
     capture.feed(data)
     return capture.text(), True
+
+
+class Scrubber:
+    """Replaces every secret it was given, and every piece of one at least `SECRET_PIECE_CHARS` long,
+    and anything shaped like a mutation token, with `[redacted]` (adjacent finds become one).
+
+    Blank secrets are ignored; a secret shorter than a piece is replaced only whole.
+    """
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        self.secrets: tuple[str, ...] = tuple(sorted({s for s in secrets if s and s.strip()}, key=len, reverse=True))
+        n = SECRET_PIECE_CHARS
+        self._pieces = frozenset(s[i:i + n] for s in self.secrets if len(s) >= n for i in range(len(s) - n + 1))
+
+    def with_secrets(self, more: Iterable[str]) -> Scrubber:
+        return Scrubber((*self.secrets, *more))
+
+    def __call__(self, text: str) -> str:
+        spans = [m.span() for m in MUTATION_TOKEN.finditer(text)]
+        for secret in self.secrets:
+            start = text.find(secret)
+            while start >= 0:
+                spans.append((start, start + len(secret)))
+                start = text.find(secret, start + 1)
+        if self._pieces:
+            n = SECRET_PIECE_CHARS
+            spans.extend((i, i + n) for i in range(len(text) - n + 1) if text[i:i + n] in self._pieces)
+        if not spans:
+            return text
+        spans.sort()
+        out: list[str] = []
+        kept = 0
+        end = -1
+        for start, stop in spans:
+            if start > end:  # a new find: keep the text before it
+                if end >= 0:
+                    out.append(REDACTED)
+                out.append(text[kept:start])
+            end = max(end, stop)
+            kept = end
+        out.append(REDACTED)
+        out.append(text[kept:])
+        return "".join(out)

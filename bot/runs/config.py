@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .agent_command import check_agent_env
+
 LANE_NAMES = ("hermes-api", "command")
 DEFAULT_LANES = ("hermes-api", "command")
 DEFAULT_HERMES_URL = "http://127.0.0.1:8642"
@@ -18,7 +20,9 @@ class RunsConfig:
     `hermes_key`: None or "" sends no Authorization header. `profile` applies when the command's
     program is `hermes`: None = auto-detect, "" = explicit opt-out, a name = `--profile NAME`.
     `command`: an argv template; every `{task}` inside an element is replaced by the task text, and
-    the task always stays inside that one element (no shell is involved).
+    the task always stays inside that one element (no shell is involved). `agent_env`: names of extra
+    variables the command's agent may see beyond the allow-list (`agent_command.AGENT_ENV_NAMES`);
+    a secret's name is refused (ValueError), never passed.
     """
 
     lanes: tuple[str, ...] = DEFAULT_LANES
@@ -34,6 +38,7 @@ class RunsConfig:
     probe_timeout_s: float = 2.0
     poll_interval_s: float = 5.0
     spoken_chars: int = 600
+    agent_env: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         unknown = [lane for lane in self.lanes if lane not in LANE_NAMES]
@@ -46,3 +51,4 @@ class RunsConfig:
                 raise ValueError(f"{name} must be positive")
         if self.output_cap_bytes < 256:
             raise ValueError("output_cap_bytes must be at least 256")
+        object.__setattr__(self, "agent_env", check_agent_env(self.agent_env))

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 import secrets
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
 from bot.store import Store
 
 from . import speech
-from .capture import cap_text
+from .capture import Scrubber, cap_text
 from .config import RunsConfig
 from .core import (
     VOICE_APPROVAL_CHOICES,
@@ -59,28 +58,29 @@ class UnknownRun(LookupError):
         self.run_id = run_id
 
 
-def default_lanes(config: RunsConfig, sleep: Callable[[float], Awaitable[None]]) -> list[Lane]:
-    return [HermesApiLane(config, sleep=sleep), CommandLane(config, sleep=sleep)]
+def default_lanes(config: RunsConfig, sleep: Callable[[float], Awaitable[None]], *,
+                  secrets: Iterable[str] = ()) -> list[Lane]:
+    """The lanes `config` names; `secrets` are values the agent's environment never carries."""
+    return [HermesApiLane(config, sleep=sleep), CommandLane(config, sleep=sleep, withhold=secrets)]
 
 
-# A callback-mutation token (listener.callbacks), whole or cut short by a preview: never stored.
-_TOKEN = re.compile(r"sbt_[A-Za-z0-9_-]{3,}")
-
-
-def _scrub(obs: Observation, secrets: tuple[str, ...] = ()) -> Observation:
-    """The observation with every secret, and anything shaped like a mutation token, replaced in its
-    text fields (strings, and strings inside tuples)."""
+def _scrub_with(obs: Observation, scrub: Scrubber) -> Observation:
+    """The observation with `scrub` applied to its text fields (strings, and strings inside tuples)."""
     def clean(value: Any) -> Any:
         if isinstance(value, str):
-            for secret in secrets:
-                value = value.replace(secret, "[redacted]")
-            return _TOKEN.sub("[redacted]", value)
+            return scrub(value)
         if isinstance(value, tuple):
             return tuple(clean(v) for v in value)
         return value
 
     changes = {name: cleaned for name, value in vars(obs).items() if (cleaned := clean(value)) != value}
     return replace(obs, **changes) if changes else obs
+
+
+def _scrub(obs: Observation, secrets: Sequence[str] = ()) -> Observation:
+    """The observation with every secret (whole or any piece of it, see `capture.Scrubber`), and
+    anything shaped like a mutation token, replaced in its text fields."""
+    return _scrub_with(obs, Scrubber(secrets))
 
 
 def _state_event(before: RunTicket, after: RunTicket) -> tuple[str, str] | None:
@@ -102,16 +102,23 @@ class RunService:
     `watch=False` is the CLI's mode: it reads and stops runs but never reconciles, follows or
     delivers them (the running service owns that). `sleep` and `clock` are injected so tests never
     wait for real; `clock` is wall time because it is stored and compared across restarts.
+
+    `secrets`: every key and token this process holds (the composition root passes all it was
+    configured with; the Hermes key in `config` is added here). Neither they, nor any piece of one
+    `capture.SECRET_PIECE_CHARS` long, nor a run's own secrets (`delegate(scrub=...)`) are ever
+    stored, spoken, posted or answered; and the command lane never hands them to an agent.
     """
 
     def __init__(self, store: Store, config: RunsConfig, *, lanes: Sequence[Lane] | None = None,
                  sink: NotificationSink | None = None, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, owner: str | None = None,
-                 watch: bool = True) -> None:
+                 watch: bool = True, secrets: Iterable[str | None] = ()) -> None:
         self.store = store
         self.config = config
         self.repo = RunRepository(store)
-        self.lanes: dict[str, Lane] = {lane.name: lane for lane in (lanes or default_lanes(config, sleep))}
+        self._scrubber = Scrubber(s for s in (*secrets, config.hermes_key) if s)
+        self.lanes: dict[str, Lane] = {lane.name: lane for lane in (
+            lanes or default_lanes(config, sleep, secrets=self._scrubber.secrets))}
         self.owner = owner or owner_token()
         self._sink = sink or NullSink()
         self._clock = clock
@@ -121,7 +128,8 @@ class RunService:
         self._tasks: set[asyncio.Task] = set()
         self._approval_timers: dict[int, asyncio.Task] = {}
         self._changed = asyncio.Condition()
-        self._secrets: dict[int, tuple[str, ...]] = {}
+        self._run_secrets: dict[int, tuple[str, ...]] = {}  # runs with secrets of their own, until they settle
+        self._run_scrubbers: dict[int, Scrubber] = {}
         self._closed = False
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -203,10 +211,13 @@ class RunService:
         if chosen is None:
             missing = "; ".join(f"{p.lane}: {p.detail}" for p in probes) or "no lanes are configured"
             return {"error": f"no agent lane is available, so nothing was started. {missing}"}
-        ticket = await self.repo.create(lane=chosen.name, task=task, requester_id=requester_id, owner=self.owner,
-                                        idempotency_key=f"switchboard-{secrets.token_hex(16)}", now=self._clock())
-        if scrub:
-            self._secrets[ticket.id] = tuple(s for s in scrub if s)
+        own = tuple(s for s in scrub if s)
+        scrubber = self._scrubber.with_secrets(own) if own else self._scrubber
+        ticket = await self.repo.create(lane=chosen.name, task=scrubber(task), requester_id=requester_id,
+                                        owner=self.owner, idempotency_key=f"switchboard-{secrets.token_hex(16)}",
+                                        now=self._clock())
+        if own:
+            self._run_secrets[ticket.id] = own
         self._spawn(self._run(ticket, context), f"run-{ticket.id}")
         skipped = [p for p in probes if not p.available]
         summary = f"run {ticket.id} is starting on {chosen.name}"
@@ -263,14 +274,29 @@ class RunService:
 
     # -- observations → core → effects -------------------------------------------------------------
 
+    def add_secrets(self, values: Iterable[str | None]) -> None:
+        """Secrets this process learned after it started (a key rotated in `.env` and read again):
+        from now on they are scrubbed like the ones given to the constructor."""
+        self._scrubber = self._scrubber.with_secrets(v for v in values if v)
+        self._run_scrubbers.clear()
+
+    def _scrub_for(self, run_id: int) -> Scrubber:
+        own = self._run_secrets.get(run_id)
+        if not own:
+            return self._scrubber
+        if run_id not in self._run_scrubbers:
+            self._run_scrubbers[run_id] = self._scrubber.with_secrets(own)
+        return self._run_scrubbers[run_id]
+
+    async def _log(self, run_id: int, kind: str, detail: str) -> None:
+        await self.repo.log(run_id, kind, self._scrub_for(run_id)(detail), self._clock())
+
     async def _observe(self, run_id: int, obs: Observation, *, effects: bool = True) -> RunTicket | None:
         now = self._clock()
-        obs = _scrub(obs, self._secrets.get(run_id, ()))
-        if isinstance(obs, Finished):
-            self._secrets.pop(run_id, None)
-        if isinstance(obs, Finished) and obs.output:
+        if isinstance(obs, Finished) and obs.output:  # cut first: the scrubber also finds the pieces a cut left
             output, cut = cap_text(obs.output, self.config.output_cap_bytes)
             obs = replace(obs, output=output, output_cut=obs.output_cut or cut)
+        obs = _scrub_with(obs, self._scrub_for(run_id))
         steps = []
 
         def change(ticket: RunTicket) -> RunTicket:
@@ -282,6 +308,9 @@ class RunService:
         if result is None or not steps:
             return None
         before, after = result
+        if after.terminal:  # its last report is stored: nothing more of this run is recorded
+            self._run_secrets.pop(run_id, None)
+            self._run_scrubbers.pop(run_id, None)
         if before.approval is not None and after.approval != before.approval:
             timer = self._approval_timers.pop(run_id, None)
             if timer is not None and timer is not asyncio.current_task():
@@ -339,7 +368,7 @@ class RunService:
         try:
             await self.lanes[ticket.lane].stop(ticket)
         except LaneError as exc:
-            await self.repo.log(run_id, "stop", f"the lane did not stop it: {exc}", self._clock())
+            await self._log(run_id, "stop", f"the lane did not stop it: {exc}")
 
     # -- approvals ---------------------------------------------------------------------------------
 
@@ -363,7 +392,7 @@ class RunService:
         try:
             await self.lanes[ticket.lane].answer(ticket, request_id, "deny")
         except LaneError as exc:
-            await self.repo.log(run_id, "approval", f"the automatic deny failed: {exc}", self._clock())
+            await self._log(run_id, "approval", f"the automatic deny failed: {exc}")
             return
         await self._observe(run_id, ApprovalAnswered("deny"))
         await self._announce_all(f"Run {run_id}'s question got no answer within "
@@ -383,7 +412,7 @@ class RunService:
         try:
             await self.lanes[ticket.lane].answer(ticket, ticket.approval.request_id, choice)
         except LaneError as exc:
-            return {"error": f"could not answer run {ticket.id}: {exc}"}
+            return {"error": self._scrub_for(ticket.id)(f"could not answer run {ticket.id}: {exc}")}
         await self.repo.log(ticket.id, "approval", f"answered {choice} by {requester_id or 'unknown'}", self._clock())
         await self._observe(ticket.id, ApprovalAnswered(choice))
         return {"run": ticket.id, "choice": choice,
@@ -396,6 +425,7 @@ class RunService:
         if not note:
             return {"error": "say what the note to the agent should be"}
         ticket = await self._get(run_id)
+        note = self._scrub_for(ticket.id)(note)  # stored with the run and read back to the call
         if ticket.terminal:
             return {"error": f"run {ticket.id} already {speech.STATE_WORDS[ticket.state]}; a note cannot reach it"}
         lane = self.lanes.get(ticket.lane)
@@ -411,7 +441,8 @@ class RunService:
         try:
             await lane.steer(ticket, probe.wire_text)
         except LaneError as exc:
-            return {"error": f"run {ticket.id} did not take the note: {exc}", "can_stop": True}
+            return {"error": self._scrub_for(ticket.id)(f"run {ticket.id} did not take the note: {exc}"),
+                    "can_stop": True}
         receipt = await self.repo.add_receipt(ticket.id, token, note, self._clock())
         await self._notify()
         log.info("run %s: note %s queued by %s", ticket.id, token, requester_id or "unknown")
@@ -436,7 +467,7 @@ class RunService:
         try:
             said = await lane.stop(ticket)
         except LaneError as exc:
-            return {"error": f"could not stop run {ticket.id}: {exc}"}
+            return {"error": self._scrub_for(ticket.id)(f"could not stop run {ticket.id}: {exc}")}
         now = self._clock()
         superseded = await self.repo.update_receipts(ticket.id, lambda r: receipt_on_stop(r, now))
         await self._notify()

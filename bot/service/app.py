@@ -18,7 +18,7 @@ from functools import partial
 import discord
 from discord import app_commands
 
-from bot.compose import open_home_store, runs_config, stop_on_signals
+from bot.compose import open_home_store, process_secrets, runs_config, stop_on_signals
 from bot.listener_delivery import ListenerDelivery
 from bot.runs import RunService
 from bot.settings import Settings, SettingsError, realtime_api_key
@@ -197,7 +197,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
         return EXIT_USAGE
     delivery = ListenerDelivery(store, bot.sink, DiscordPoster(bot, settings.transcripts_channel_id),
                                 default_channel=settings.transcripts_channel_id)
-    runs = RunService(store, runs_config(settings), sink=delivery)
+    runs = RunService(store, runs_config(settings), sink=delivery, secrets=process_secrets(settings))
     bot.runs = runs
     bot.store = store
     bot.sink.record = lambda run_id, kind, detail: runs.repo.log(run_id, kind, detail, time.time())

@@ -47,6 +47,7 @@ from voice.call.vad import EnergyDetector, SpeechDetector, VadConfig
 log = logging.getLogger(__name__)
 
 RESTORE_ITEMS = 20
+LIVE_APPEND_FRAMES = 5  # 100 ms
 SPOKEN_ERROR_GAP_S = 30.0
 USER_FACING_ERRORS = frozenset({"server_error", "rate_limit_exceeded", "insufficient_quota", "session_expired"})
 RECONNECTED_NOTICE = "The connection to the voice service dropped for a moment and is back."
@@ -329,7 +330,9 @@ class CallCore:
         while queue and self.connected:
             head = queue[0]
             self._owner = head
-            if head.sent < len(head.frames):
+            # Live audio goes out in 100 ms appends (a fifth of the messages, the framing and the syscalls
+            # of one per frame); the rest of a turn goes out just before its commit.
+            if len(head.frames) - head.sent >= (1 if head.ended else LIVE_APPEND_FRAMES):
                 actions += self._append(head)
             if not head.ended or self._answering is not None:
                 break

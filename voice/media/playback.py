@@ -19,6 +19,7 @@ from voice.call.transports.base import PlaybackListener
 from voice.call.transports.speaker import PacedSpeaker
 
 from .opus import FRAME_BYTES
+from .rtp import OPUS_SILENCE
 
 MODEL_RATE = 24_000
 DISCORD_RATE = 48_000
@@ -48,6 +49,7 @@ class PlaybackSource(discord.AudioSource):
         self._upsampler = StereoUpsampler(in_rate)
         self.speaker = PacedSpeaker(FRAME_BYTES, _BYTES_PER_MS)
         self._carry_item: str | None = None  # item whose tail is still inside the resampler
+        self._opus = False  # what the last read() returned: Opus silence, or PCM to encode
 
     def set_listener(self, listener: PlaybackListener | None) -> None:
         """Told (on the player thread) when an item starts playing and when the output goes idle."""
@@ -107,7 +109,12 @@ class PlaybackSource(discord.AudioSource):
     # -- player thread side ---------------------------------------------------------------------
 
     def read(self) -> bytes:
-        return self.speaker.pull_frame()[0]
+        frame, item_id = self.speaker.pull_frame()
+        # Nothing to play: Opus's own 3-byte silence frame, which costs no encoding (discord.py asks
+        # `is_opus()` after every read); encoding 20 ms of zeros 50 times a second per call costs more
+        # than the call's whole receive path.
+        self._opus = item_id is None
+        return OPUS_SILENCE if self._opus else frame
 
     def is_opus(self) -> bool:
-        return False
+        return self._opus

@@ -7,7 +7,7 @@ import contextlib
 import logging
 import os
 import signal
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 
 from bot.runs.agent_command import (
@@ -63,9 +63,11 @@ class CommandLane:
     name = NAME
 
     def __init__(self, config: RunsConfig, *, env: Mapping[str, str] | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, cwd: Path | None = None) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, cwd: Path | None = None,
+                 withhold: Iterable[str] = ()) -> None:
         self._config = config
         self._env = dict(os.environ if env is None else env)
+        self._withhold = tuple(s for s in withhold if s)  # values no variable the agent sees may carry
         self._sleep = sleep
         self._cwd = cwd
         self._procs: dict[int, asyncio.subprocess.Process] = {}
@@ -94,12 +96,16 @@ class CommandLane:
         profile = resolve_profile(self._config.command, self._config.profile, self._config.hermes_home)
         return build_argv(self._config.command, task, profile)
 
+    def environment(self) -> dict[str, str]:
+        """What the agent process is given (the allow-list; see `agent_command.child_environment`)."""
+        return child_environment(self._env, self._config.agent_env, self._withhold)
+
     async def start(self, ticket: RunTicket) -> str:
         try:
             argv = self.argv(ticket.task)
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=child_environment(self._env), cwd=self._cwd,
+                stderr=asyncio.subprocess.PIPE, env=self.environment(), cwd=self._cwd,
                 start_new_session=True)  # its own process group: stop reaches every child it spawns
         except TemplateError as exc:
             raise LaneError(str(exc)) from None

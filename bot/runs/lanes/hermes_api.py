@@ -36,6 +36,11 @@ ENABLE_HINT = ("enable it in the Hermes gateway with API_SERVER_ENABLED=true and
 SUBMIT_RETRY_DELAYS = (0.5, 2.0)
 MAX_POLL_FAILURES = 6
 SSE_READ_TIMEOUT_S = 100.0  # Hermes sends a keepalive comment every 30 s
+# Each followed run holds one event stream (one connection) for as long as it runs, so streams get a
+# pool of their own: however many runs are going, submissions, status, steer and stop always have
+# connections. A run that starts while STREAM_LIMIT streams are open is followed by its status.
+STREAM_LIMIT = 100
+REQUEST_LIMIT = 20
 
 
 def public_url(url: str) -> str:
@@ -52,20 +57,36 @@ def _why(exc: Exception) -> str:
     return type(exc).__name__
 
 
+def _http_client(connections: int) -> httpx.AsyncClient:
+    # trust_env=False: the api_server is normally on loopback; a proxy variable must not divert it
+    return httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0, connect=5.0),
+                             limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
+
+
 class HermesApiLane:
-    """Hermes api_server client. Every verb beyond submit/status is gated on its capability flag."""
+    """Hermes api_server client. Every verb beyond submit/status is gated on its capability flag.
+
+    Requests and event streams use separate connection pools (`request_limit`, `stream_limit`
+    connections): open streams never starve a request. At most `stream_limit` runs are followed over
+    their event stream at once; a run that starts while they are all taken is followed by its status.
+    """
 
     name = NAME
 
     def __init__(self, config: RunsConfig, *, client: httpx.AsyncClient | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, stream_limit: int = STREAM_LIMIT,
+                 request_limit: int = REQUEST_LIMIT) -> None:
+        if stream_limit < 1 or request_limit < 1:
+            raise ValueError("stream_limit and request_limit must be at least 1")
         self._config = config
         self._base = config.hermes_url.rstrip("/")
         self._where = public_url(config.hermes_url)
         self._auth = {"Authorization": f"Bearer {config.hermes_key}"} if config.hermes_key else {}
         self._own_client = client is None
-        # trust_env=False: the api_server is normally on loopback; a proxy variable must not divert it
-        self._client = client or httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0, connect=5.0))
+        self._client = client or _http_client(request_limit)
+        self._streams = _http_client(stream_limit)
+        self._stream_limit = stream_limit
+        self._streams_open = 0
         self._sleep = sleep
         self._features: HermesFeatures | None = None
 
@@ -151,10 +172,16 @@ class HermesApiLane:
 
     # -- following ---------------------------------------------------------------------------------
 
+    @property
+    def streams_open(self) -> int:
+        """How many runs are followed over their event stream right now."""
+        return self._streams_open
+
     async def follow(self, ticket: RunTicket, emit: Emit) -> None:
-        """Read the run's event stream; when it drops (or is unavailable), poll the status until it ends."""
+        """Read the run's event stream; when it drops, is unavailable, or every stream slot is taken,
+        poll the status until it ends (a stream opened later could replay questions already answered)."""
         features = await self._ensure_features()
-        if features.events and await self._stream(ticket, emit):
+        if features.events and self._streams_open < self._stream_limit and await self._stream(ticket, emit):
             return
         failures = 0
         while True:
@@ -176,9 +203,16 @@ class HermesApiLane:
 
     async def _stream(self, ticket: RunTicket, emit: Emit) -> bool:
         """True when the stream delivered the run's end; False when it dropped or could not open."""
+        self._streams_open += 1
+        try:
+            return await self._read_stream(ticket, emit)
+        finally:
+            self._streams_open -= 1
+
+    async def _read_stream(self, ticket: RunTicket, emit: Emit) -> bool:
         timeout = httpx.Timeout(30.0, connect=5.0, read=SSE_READ_TIMEOUT_S)
         try:
-            async with aconnect_sse(self._client, "GET", self._url(f"/v1/runs/{ticket.external_id}/events"),
+            async with aconnect_sse(self._streams, "GET", self._url(f"/v1/runs/{ticket.external_id}/events"),
                                     headers=dict(self._auth), timeout=timeout) as source:
                 if source.response.status_code != 200:
                     log.info("run %s: event stream unavailable (HTTP %s); polling status", ticket.id,
@@ -274,6 +308,7 @@ class HermesApiLane:
         return observations
 
     async def aclose(self) -> None:
+        await self._streams.aclose()
         if self._own_client:
             await self._client.aclose()
 
