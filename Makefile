@@ -13,12 +13,13 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest
 
+# Every bench runs in turn; the first one that exits non-zero stops `make bench` with its name.
+BENCHES := receive call_latency file_input_memory discord_call calls_per_core vad_batch archive
 bench: setup
-	$(VENV)/bin/python bench/receive.py
-	$(VENV)/bin/python bench/call_latency.py
-	$(VENV)/bin/python bench/file_input_memory.py
-	$(VENV)/bin/python bench/discord_call.py
-	$(VENV)/bin/python bench/archive.py
+	@set -e; for b in $(BENCHES); do \
+		echo "== bench/$$b.py"; \
+		$(VENV)/bin/python bench/$$b.py || { status=$$?; echo "make bench: bench/$$b.py FAILED (exit $$status)" >&2; exit $$status; }; \
+	done
 
 # libopus0: the Opus codec discord.py loads; libportaudio2: microphone/speaker for `talk`;
 # espeak-ng: real speech for the tests. apt is skipped entirely when all are present, and waits
