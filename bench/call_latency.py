@@ -8,7 +8,8 @@
       (transport.clear()), while the assistant is mid-answer. The VAD's own start window
       (60 ms of voiced audio) is reported separately: it is a setting, not engine work.
 
-Run: .venv/bin/python bench/call_latency.py [--turns N]
+The user speaks real speech (espeak-ng, tests/support/speech.py): local endpointing is the trained
+Silero VAD, which rightly hears no voice in a tone. Run: .venv/bin/python bench/call_latency.py [--turns N]
 """
 
 from __future__ import annotations
@@ -23,12 +24,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
 from websockets.asyncio.client import connect  # noqa: E402
 
 from tests.support.fake_realtime import AudioReply, FakeRealtime, b64, silence_pcm16, tone_pcm16  # noqa: E402
+from tests.support.speech import speech_frames  # noqa: E402
 from tests.support.virtual_transport import VirtualTransport  # noqa: E402
-from voice.call.core import CallOptions  # noqa: E402
-from voice.call.engine import CallEngine  # noqa: E402
+from voice.audio import to_mono_24k  # noqa: E402
+from voice.call.core import CallCore, CallOptions  # noqa: E402
+from voice.call.engine import CallEngine, speech_detector  # noqa: E402
 from voice.call.identity import Identity  # noqa: E402
 from voice.call.providers import OpenAIRealtime  # noqa: E402
 from voice.call.tools import ToolCatalogue  # noqa: E402
@@ -36,18 +40,25 @@ from voice.call.vad import VadConfig  # noqa: E402
 
 
 class TimedTransport(VirtualTransport):
-    """Stamps when frames are taken, when the first audio of each item arrives, and clears."""
+    """Stamps when frames are taken, which frame closed a turn, when the first audio of each item
+    arrives, and clears (with the frame being handled when playback was stopped)."""
 
     def __init__(self) -> None:
         super().__init__(autoplay=False)
+        self.core: CallCore | None = None  # the engine's, to see which frame closed a turn
         self.frame_times: list[float] = []
+        self.turn_end_frames: list[float] = []
         self.first_play: dict[str, float] = {}
         self.clear_times: list[float] = []
+        self.clear_triggers: list[float] = []
 
     async def frames(self):
         async for frame in super().frames():
             self.frame_times.append(time.perf_counter())
-            yield frame
+            turns = self.core.counters["turns"] if self.core is not None else 0
+            yield frame  # the engine handles the frame before it asks for the next one
+            if self.core is not None and self.core.counters["turns"] > turns:
+                self.turn_end_frames.append(self.frame_times[-1])
 
     def play(self, pcm: bytes, item_id: str) -> None:
         self.first_play.setdefault(item_id, time.perf_counter())
@@ -55,7 +66,14 @@ class TimedTransport(VirtualTransport):
 
     def clear(self) -> None:
         self.clear_times.append(time.perf_counter())
+        self.clear_triggers.append(self.frame_times[-1])  # cleared while handling the latest frame
         super().clear()
+
+
+def speech_pcm16(text: str) -> bytes:
+    """`text` spoken by espeak-ng as the engine's input: 24 kHz mono s16le."""
+    pcm = b"".join(speech_frames(text))
+    return to_mono_24k(np.frombuffer(pcm, "<i2").reshape(-1, 2), 48_000)
 
 
 async def bare_round_trip(url: str, turns: int) -> list[float]:
@@ -82,28 +100,30 @@ async def engine_turns(url: str, turns: int) -> tuple[list[float], list[float]]:
     transport = TimedTransport()
     provider = OpenAIRealtime("bench", "gpt-realtime-2.1-mini", "marin", url=url)
     vad = VadConfig()
-    engine = CallEngine(provider, transport, ToolCatalogue(), Identity("bench"),
+    detector = speech_detector(vad)
+    if detector.name != "silero":
+        raise SystemExit("bench/call_latency.py measures the trained VAD, and Silero did not load")
+    engine = CallEngine(provider, transport, ToolCatalogue(), Identity("bench"), detector=detector,
                         options=CallOptions(endpointing="local", vad=vad), clock=time.perf_counter)
+    transport.core = engine.core
+    question, interruption = speech_pcm16("What time is it in Tokyo?"), speech_pcm16("Wait, stop.")
     task = asyncio.create_task(engine.run())
     added, cuts = [], []
-    frames_per_silence = vad.silence_ms // 20
     try:
         for _ in range(turns):
-            transport.push(tone_pcm16(300, 300.0) + silence_pcm16(vad.silence_ms + 100))
+            ended = len(transport.turn_end_frames)
             before = set(transport.first_play)
-            start_index = len(transport.frame_times)
+            transport.push(question + silence_pcm16(vad.silence_ms + 100))
             await wait_until(lambda before=before: set(transport.first_play) - before)
             item = (set(transport.first_play) - before).pop()
-            speech_frames = 300 // 20
-            end_frame = transport.frame_times[start_index + speech_frames + frames_per_silence - 1]
-            added.append(transport.first_play[item] - end_frame)
+            if len(transport.turn_end_frames) != ended + 1:
+                raise RuntimeError("the question was not heard as exactly one turn")
+            added.append(transport.first_play[item] - transport.turn_end_frames[-1])
             # barge in while the (long) answer is still queued for playback
             clears = len(transport.clear_times)
-            index = len(transport.frame_times)
-            transport.push(tone_pcm16(200, 300.0))
+            transport.push(interruption)
             await wait_until(lambda clears=clears: len(transport.clear_times) > clears)
-            trigger = transport.frame_times[index + vad.start_ms // 20 - 1]
-            cuts.append(transport.clear_times[-1] - trigger)
+            cuts.append(transport.clear_times[-1] - transport.clear_triggers[-1])
             transport.push(silence_pcm16(vad.silence_ms + 100))
             await wait_until(lambda: engine.core.idle() and not engine.core.user_speaking, settle=True)
             transport.advance(10_000)

@@ -6,7 +6,7 @@ asked it, during a call, to change what runs after calls. There is no "at a term
 any process can fake a terminal. People change callbacks in Discord (`/callbacks`, operators), by
 voice (`transcript_review_config`: in `switchboard talk`, or in a Discord call as an operator), or
 by asking during a phone call ("Ares, add a callback that …").
-Exit codes: 0 ok, 1 the store failed, 2 usage or a refused change (nothing saved), 3 no token.
+Exit codes: 0 ok, 2 usage, the store (cannot be opened, damaged) or a refused change (nothing saved), 3 no token.
 """
 
 from __future__ import annotations
@@ -30,24 +30,42 @@ TOKEN_VARIABLE = "SWITCHBOARD_CALLBACK_TOKEN"
 EXIT_NO_AUTHORITY = 3  # no valid token
 
 
+NEEDS_TOKEN = (f"Changing needs the token a named-command run is given (--token or {TOKEN_VARIABLE}); without it: "
+               "exit 3 and nothing changes. People change callbacks in Discord (/callbacks), by voice, or during "
+               "a phone call.")
+EXIT_CODES = ("Exit codes: 0 ok, 2 usage, the store (cannot be opened, damaged) or a refused change (nothing saved), "
+              "3 no valid token.")
+
+
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("callbacks", help="what runs after each phone call: the review and callbacks")
+    parser = subparsers.add_parser("callbacks", help="what runs after each phone call: the review and callbacks",
+                                   description="What runs after each phone call: the review and the callbacks. "
+                                               f"Reading (list, review show) is open. {NEEDS_TOKEN}",
+                                   epilog=EXIT_CODES)
     actions = parser.add_subparsers(dest="callbacks_command", metavar="ACTION", required=True)
-    listing = actions.add_parser("list", help="every callback and the review")
-    review = actions.add_parser("review", help="the call review: show, set or clear its instructions")
+
+    def change(name: str, help: str) -> argparse.ArgumentParser:
+        return actions.add_parser(name, help=f"{help} (needs a run's token)",
+                                  description=f"{help[0].upper()}{help[1:]}. {NEEDS_TOKEN}", epilog=EXIT_CODES)
+
+    listing = actions.add_parser("list", help="every callback and the review", epilog=EXIT_CODES)
+    review = actions.add_parser("review", help="the call review: show; set or clear its instructions (needs a "
+                                               "run's token)",
+                                description=f"The call review: show it (open), set or clear its instructions. "
+                                            f"{NEEDS_TOKEN}", epilog=EXIT_CODES)
     review.add_argument("review_action", choices=("show", "set", "clear"))
     review.add_argument("instructions", nargs="?", help="set: what the agent does after each call")
-    register = actions.add_parser("register", help="a new callback")
+    register = change("register", "a new callback")
     register.add_argument("id", help="1-40 lowercase letters, digits, - or _")
     register.add_argument("name")
     register.add_argument("instructions", help="what the agent does after each call")
-    update = actions.add_parser("update", help="change a callback")
+    update = change("update", "change a callback")
     update.add_argument("id")
     update.add_argument("--name")
     update.add_argument("--instructions")
     changes = [review, register, update]
     for name in ("enable", "disable", "remove"):
-        action = actions.add_parser(name, help=f"{name} a callback")
+        action = change(name, f"{name} a callback")
         action.add_argument("id")
         changes.append(action)
     for action in (review, register, update):
@@ -84,7 +102,7 @@ async def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | No
         store = await open_home_store(settings)
     except StoreError as exc:
         print(f"switchboard callbacks: {exc}", file=err)
-        return 1
+        return 2
     try:
         if changing:
             env = os.environ if environ is None else environ

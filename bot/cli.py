@@ -3,18 +3,21 @@
 Every command reads and validates the settings the same way (`bot.environment`, `bot.settings`);
 a malformed setting stops every command but `doctor`, which lists it with everything else.
 
-Exit codes: 0 done, 1 provider/network failure (doctor: a check failed), 2 usage or configuration,
-3 `talk --timeout`, 130 interrupted (Ctrl-C; 143 for SIGTERM).
+Exit codes: 0 done, 1 a failure (provider, network; doctor: a check failed), 2 usage, configuration
+or a store that cannot be opened or is damaged (callbacks: a refused change), 3 `talk --timeout` or a `callbacks` change without a
+run's token, 130 interrupted (Ctrl-C; 143 for SIGTERM), 141 the output pipe closed (`| head`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 from voice import __version__
 
@@ -25,27 +28,69 @@ if TYPE_CHECKING:
 # loads is exit 130 like any other, not a traceback.
 
 EXIT_USAGE = 2
+EXIT_PIPE = 128 + 13  # SIGPIPE: what a shell shows for a writer whose reader closed
+MAX_ROW = 2**63 - 1  # SQLite's largest integer: a run number past it is none
+
+
+def whole_number(low: int, high: int) -> Callable[[str], int]:
+    """argparse type: a whole number from `low` to `high` (argparse says what was wrong, exit 2)."""
+
+    def parse(text: str) -> int:
+        try:
+            number = int(text.strip())
+        except ValueError:
+            number = low - 1
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}")
+        return number
+
+    return parse
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """A usage mistake is one line that says what was wrong and where help is (exit 2), not the
+    usage block, which can run to several lines before the line that matters."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
     from . import callbacks_cli, talk, transcripts_cli
     from .runs import cli as runs_cli
 
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="switchboard",
         description="Switchboard: a Discord voice presence for your agent.",
-        epilog="Exit codes: 0 done, 1 provider/network failure (doctor: a check failed), 2 usage or "
-               "configuration, 3 talk --timeout, 130 interrupted.",
+        epilog="Exit codes: 0 done, 1 a failure (provider, network; doctor: a check failed), 2 usage, "
+               "configuration or a store that cannot be opened or is damaged (callbacks: a refused change), 3 talk --timeout, or a callbacks change without a "
+               "run's token, 130 interrupted (143 SIGTERM), 141 the output pipe closed (e.g. `| head`).",
     )
     parser.add_argument("--version", action="version", version=f"switchboard {__version__}")
     parser.add_argument("--env-file", type=Path, default=None, metavar="FILE",
                         help="dotenv file to load; it must exist (default: ./.env when it exists)")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    sub.add_parser("doctor", help="read-only diagnostics: Python, libopus, davey, audio, settings, the key")
-    sub.add_parser("run", help="the Discord bot with background runs (needs DISCORD_BOT_TOKEN and a provider key)")
-    sub.add_parser("listen", help="the Smartnumbers listener alone: archive calls, run their named commands")
-    sub.add_parser("start", help="`run` when DISCORD_BOT_TOKEN is set, otherwise the terminal conversation (`talk`)")
+    sub.add_parser("doctor", help="read-only diagnostics: Python, libopus, davey, audio, settings, the key",
+                   description="Read-only diagnostics, one row per check: ok, warn (an optional feature is "
+                               "unavailable) or BAD, every row that can fail saying what to do. Every problem is "
+                               "listed at once; setting values are never shown. Exit 0, or 1 when a row is BAD.")
+    sub.add_parser("run", help="the Discord bot with background runs (needs DISCORD_BOT_TOKEN and a provider key)",
+                   description="The Discord bot, the background runs service and, when "
+                               "TRANSCRIPT_LISTENER_API_KEY is set, the Smartnumbers listener, in one process. "
+                               "Needs DISCORD_BOT_TOKEN and a provider key (see docs/discord.md). Ctrl-C or "
+                               "SIGTERM leave every call and shut down in order: exit 0; 2 when a setting is "
+                               "missing or Discord rejects the token.")
+    sub.add_parser("listen", help="the Smartnumbers listener alone: archive calls, run their named commands",
+                   description="The Smartnumbers listener without Discord: receive phone-call transcripts, "
+                               "archive them, learn durable facts, and run the review, callbacks and named "
+                               "commands as background runs; results go to the archive and the terminal. Needs "
+                               "TRANSCRIPT_LISTENER_API_KEY (see docs/listener.md). Ctrl-C or SIGTERM stop it: "
+                               "exit 0; 2 for a configuration problem.")
+    sub.add_parser("start", help="`run` when DISCORD_BOT_TOKEN is set, otherwise the terminal conversation (`talk`)",
+                   description="What `make run` calls: the Discord bot (`switchboard run`) when "
+                               "DISCORD_BOT_TOKEN is set, otherwise the conversation on this terminal's "
+                               "microphone and speaker (`switchboard talk`); it says which it chose and why.")
     talk.add_parser(sub)
     runs_cli.add_parser(sub)
     transcripts_cli.add_parser(sub)
@@ -56,9 +101,36 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Run one command; `environ` stands in for the process environment (tests)."""
     try:
-        return _main(argv, environ)
+        try:
+            return _main(argv, environ)
+        finally:
+            sys.stdout.flush()  # output cut off by a closed pipe shows here, not as an error at exit
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise  # another pipe (a socket, a child): a real failure
+        # `switchboard … | head`: the reader has what it wanted. End quietly, as SIGPIPE would end a
+        # C program (Python ignores SIGPIPE, so the write raised instead); what is still buffered goes nowhere.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_PIPE
+    except Exception as exc:  # the store found damaged or locked after the command opened it: one line, exit 2
+        from .store import StoreError
+
+        if not isinstance(exc, StoreError):
+            raise
+        print(f"switchboard: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe or socket whose reader has gone (poll reports an error on it)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or stdout is not a file (a test's capture)
+        return False
 
 
 def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:

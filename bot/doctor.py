@@ -12,12 +12,13 @@ import platform
 import shlex
 import shutil
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
 from voice.call.providers import PROVIDERS
 
-from .paths import home_problem, output_problem
+from .paths import output_problem
 from .settings import KEY_VARIABLES, SettingsError, SettingsReport, key_variable, realtime_api_key
 from .store import DB_FILENAME
 
@@ -37,7 +38,27 @@ class Check:
         return self.status != "bad"
 
 
+# The settings each group of rows reads: when one of them is malformed, the group says so instead of
+# checking the default that stands in for it (which would be a silent wrong answer).
+_TOKEN = ("DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN")
+_READS = {
+    "store": ("SWITCHBOARD_HOME",),
+    "latency log": ("SWITCHBOARD_LATENCY_LOG",),
+    "discord": (*_TOKEN, "SWITCHBOARD_RUNS_CHANNEL_ID", "SWITCHBOARD_HOME"),
+    "listener": ("TRANSCRIPT_LISTENER_API_KEY", "SMARTNUMBERS_STREAM_URL", "SMARTNUMBERS_ALLOWED_STREAM_HOSTS",
+                 "SMARTNUMBERS_ALLOW_INSECURE_LOCAL", "SWITCHBOARD_AGENT_NAME", "SWITCHBOARD_ACTIVATION_NAMES"),
+    "after each call": ("TRANSCRIPT_LISTENER_API_KEY", "SWITCHBOARD_TEXT_MODEL", "SWITCHBOARD_TEXT_URL",
+                        "SWITCHBOARD_TEXT_API_KEY", "SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY",
+                        "SWITCHBOARD_TRANSCRIPTS_CHANNEL_ID", "SWITCHBOARD_AUTO_REVIEW", "SWITCHBOARD_HOME"),
+    "agent lanes": ("SWITCHBOARD_AGENT_LANES", "SWITCHBOARD_HERMES_API_URL", "SWITCHBOARD_HERMES_API_KEY",
+                    "API_SERVER_KEY", "SWITCHBOARD_AGENT_COMMAND", "SWITCHBOARD_AGENT_PROFILE",
+                    "SWITCHBOARD_AGENT_TIMEOUT_S"),
+}
+
+
 def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
+    """Every row, whatever is wrong: a malformed setting is its own BAD row, and the rows that read
+    it say they were not checked; every other row is checked as usual."""
     checks = [_python(), _libopus(), _davey(), _nacl(), _terminal_audio()]
     if env_source:
         checks.append(Check("env file", "ok", env_source))
@@ -49,14 +70,22 @@ def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
     checks.append(Check("settings present", "ok", names))
     checks.append(_provider_key(report))
     checks.append(_operators(report))
-    if not report.problems:
-        checks += [_home(report.settings), _latency_log(report.settings)]
-        checks += _discord(report.settings)
-        checks.append(_listener(report.settings))
-        if report.settings.listener_key is not None:
-            checks += _post_call(report.settings)
-        checks += agent_lanes(report.settings)
+    settings = report.settings
+    checks += _unless_failed(report, "store", lambda: [_home(settings)])
+    checks += _unless_failed(report, "latency log", lambda: [_latency_log(settings)])
+    checks += _unless_failed(report, "discord", lambda: _discord(settings))
+    checks += _unless_failed(report, "listener", lambda: [_listener(settings)])
+    if settings.listener_key is not None or "TRANSCRIPT_LISTENER_API_KEY" in report.failed:
+        checks += _unless_failed(report, "after each call", lambda: _post_call(settings))
+    checks += _unless_failed(report, "agent lanes", lambda: agent_lanes(settings))
     return checks
+
+
+def _unless_failed(report: SettingsReport, rows: str, check: Callable[[], list[Check]]) -> list[Check]:
+    failed = [name for name in _READS[rows] if name in report.failed]
+    if failed:
+        return [Check(rows, "bad", f"not checked: fix {' and '.join(failed)} first (above)")]
+    return check()
 
 
 def _discord(settings) -> list[Check]:
@@ -162,7 +191,12 @@ def _last_post(settings) -> Check:
 
 
 def _home(settings) -> Check:
-    if problem := home_problem(settings.home):
+    from .compose import STORE_MIGRATIONS
+    from .store import check_store
+
+    # check_store: home_problem (not a directory, /proc, no permission), then the file itself read-only
+    # (a directory or device in its place, not SQLite, damaged, from a newer Switchboard)
+    if problem := check_store(settings.home, STORE_MIGRATIONS):
         return Check("store", "bad", problem)
     home = settings.home.expanduser()
     where = "exists" if (home / DB_FILENAME).exists() else "is created on first use"
@@ -253,6 +287,11 @@ def _operators(report: SettingsReport) -> Check:
     ops = len(report.settings.operator_user_ids)
     if ops:
         return Check("operators", "ok", f"{ops} configured")
+    token = report.settings.discord_token
+    if token is not None and token.get_secret_value():
+        return Check("operators", "warn", "nobody can use /talk join or run mutating tools in Discord: set "
+                     "SWITCHBOARD_OPERATOR_USER_IDS to your Discord user ID (Developer Mode → right-click yourself "
+                     "→ Copy User ID)")
     return Check("operators", "ok", "none: nobody may run mutating tools (set SWITCHBOARD_OPERATOR_USER_IDS "
                  "to Discord user IDs to allow someone)")
 

@@ -9,7 +9,6 @@ Exit codes: 0 stopped (Ctrl-C / SIGTERM), 2 configuration (no key, a stream URL 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import sys
@@ -18,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from listener.archive import Archive
-from listener.download import download_transcript
+from listener.download import TranscriptDownloader
 from listener.extract import FactExtractor
 from listener.jobs import Job
 from listener.pipeline import CallNotifier, TranscriptPipeline
+from listener.text import quote_untrusted
 
 from .compose import open_home_store, process_secrets, runs_config, stop_on_signals
 from .listener_delivery import ListenerDelivery, TerminalPoster
@@ -42,7 +42,8 @@ class RunJobs:
         self._runs = runs
 
     async def start_job(self, job: Job) -> str:
-        answer = await self._runs.delegate(job.task, context=job.context, scrub=job.secrets)
+        answer = await self._runs.delegate(job.task, context=job.context, scrub=job.secrets,
+                                           idempotency_key=job.intent)
         if "error" in answer:
             raise RuntimeError(answer["error"])
         return f"run-{answer['run']}"
@@ -72,15 +73,11 @@ def build_extractor(settings: Settings) -> FactExtractor | None:
 
 def build_pipeline(settings: Settings, archive: Archive, runs: RunService | None, *,
                    notifier: CallNotifier | None = None, extractor: FactExtractor | None = None) -> TranscriptPipeline:
-    download = functools.partial(_download, settings)
+    download = TranscriptDownloader(max_bytes=settings.max_transcript_bytes, allowed_hosts=settings.transcript_hosts,
+                                    allow_insecure_local=settings.allow_insecure_local)
     return TranscriptPipeline(archive, download=download, jobs=RunJobs(runs) if runs is not None else None,
                               agent_name=settings.agent_name, aliases=settings.activation_names,
                               extractor=extractor, notifier=notifier, auto_review=settings.auto_review)
-
-
-async def _download(settings: Settings, url: str, expires_at: str | None) -> bytes:
-    return await download_transcript(url, expires_at=expires_at, allowed_hosts=settings.transcript_hosts,
-                                     allow_insecure_local=settings.allow_insecure_local)
 
 
 def run(settings: Settings, key: KeySource | None = None) -> int:
@@ -166,6 +163,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None, key: 
             await runs.start()
             listener = Listener(settings, store, runs, notifier=delivery, key=key)
             await delivery.flush_waiting()
+            await listener.pipeline.resume()
             print(f"switchboard listen: listening on {settings.stream_url.split('?')[0]} (Ctrl-C to stop)",
                   file=sys.stderr)
             streaming = asyncio.create_task(listener.run(), name="smartnumbers-stream")
@@ -184,11 +182,13 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None, key: 
 def _logged(handle):
     async def wrapped(event: dict[str, Any]) -> dict[str, Any]:
         ack = await handle(event)
-        log.info("call %s (event %s): %s%s", ack.get("conversation_id"), ack.get("event_id"),
+        log.info("call %s (event %s): %s%s", quote_untrusted(ack.get("conversation_id")),
+                 quote_untrusted(ack.get("event_id")),
                  "ok" if ack.get("success") else "failed", f", jobs {', '.join(ack['job_ids'])}" if ack.get("job_ids")
                  else "")
         for error in ack.get("errors", []):
-            log.warning("call %s: %s failed: %s", ack.get("conversation_id"), error["stage"], error["message"])
+            log.warning("call %s: %s failed: %s", quote_untrusted(ack.get("conversation_id")), error["stage"],
+                        quote_untrusted(error["message"], 300))
         return ack
 
     return wrapped

@@ -19,8 +19,10 @@ from typing import Any, Protocol, TextIO
 
 from listener.callbacks import MutationTokens, deliver_channel
 from listener.pipeline import CallCard
+from listener.text import quote_untrusted
 
 from .runs import NotificationSink, RunState, RunTicket
+from .runs.procs import owner_alive, owner_token
 from .runs.repository import RunRepository
 from .runs.speech import STATE_WORDS, bounded, elapsed_words
 from .store import Store
@@ -53,22 +55,30 @@ class ResultPoster(Protocol):
 
 
 WAITING = "waiting for the call card"
+POSTING = "posting by "  # + the owner token of the process posting it right now
 
 
 class ListenerDelivery:
     """The runs service's sink for listener jobs, and the pipeline's card notifier in front of the
     poster: a result that lands before its call's card waits, and the card, once posted, brings every
-    waiting (or earlier refused) result out under it — so results are always under their card."""
+    waiting (or earlier refused) result out under it — so results are always under their card.
+
+    Several processes share the store: a result is marked waiting only in the same statement that
+    sees no card recorded (so a card recorded by another process at that moment cannot miss it),
+    and each result is taken (compare-and-set, `POSTING` + this process) before it is posted, so two
+    processes never post it twice. A result a crashed process was posting is taken again when the
+    listener starts (`flush_waiting`)."""
 
     def __init__(self, store: Store, fallback: NotificationSink, poster: ResultPoster, *,
-                 default_channel: int | None) -> None:
+                 default_channel: int | None, owner: str | None = None) -> None:
         self._store = store
         self._fallback = fallback
         self._poster = poster
         self._default_channel = default_channel
         self._tokens = MutationTokens(store)
         self._repo = RunRepository(store)
-        self._lock = asyncio.Lock()  # a result and its card never cross
+        self._owner = owner or owner_token()
+        self._lock = asyncio.Lock()  # a result and its card never cross in this process
 
     async def post_run(self, ticket: RunTicket) -> None:
         row = await self._job(ticket.id)
@@ -82,14 +92,15 @@ class ListenerDelivery:
                 await conn.execute("UPDATE transcripts SET review = ?, review_status = ? WHERE id = ?",
                                    (ticket.output if done else ticket.error, "done" if done else "failed",
                                     row["transcript_id"]))
-        async with self._lock:  # checked and marked together with the card's recording (post_card)
-            row = await self._job(ticket.id)
-            if row["card"] is None:
-                await self._mark(row["dedupe_key"], WAITING)
-                log.info("run %s (%s for call %s) waits for the call card", ticket.id, row["kind"],
-                         row["conversation_id"])
-                return
-        await self._post(ticket, row)
+        async with self._lock:  # checked and marked in one statement, against the card's recording (post_card)
+            waiting = await self._store.execute(
+                "UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ? AND delivered IS NULL AND "
+                "(SELECT card FROM transcripts WHERE id = ?) IS NULL", (WAITING, row["dedupe_key"], row["transcript_id"]))
+        if waiting:
+            log.info("run %s (%s for call %s) waits for the call card", ticket.id, row["kind"],
+                     quote_untrusted(row["conversation_id"]))
+            return
+        await self._post(ticket, await self._job(ticket.id))
 
     async def post_card(self, card: CallCard) -> str | None:
         """Post the card (via the poster), record it, then every result that was waiting for it."""
@@ -98,18 +109,21 @@ class ListenerDelivery:
             async with self._store.transaction() as conn:
                 await conn.execute("UPDATE transcripts SET card = ? WHERE id = ?",
                                    (reference or "posted", card.transcript_id))
-            held = await self._store.fetchall(
-                "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL AND (delivered = ? "
-                "OR delivered LIKE 'post failed%') ORDER BY rowid", (card.transcript_id, WAITING))
+                async with conn.execute(
+                        "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL AND "
+                        "(delivered = ? OR delivered LIKE 'post failed%') ORDER BY rowid",
+                        (card.transcript_id, WAITING)) as cursor:
+                    held = list(await cursor.fetchall())
         await self._post_held(held)
         return reference
 
     async def flush_waiting(self) -> int:
         """Post results still waiting for a card that has since been recorded (a crash or a stop between
-        the card and its results). Called when the listener starts; returns how many it posted."""
+        the card and its results), and those a process that is gone was posting. Called when the
+        listener starts; returns how many it posted."""
         rows = await self._store.fetchall(
-            "SELECT j.job_id FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id WHERE j.delivered = ? "
-            "AND t.card IS NOT NULL ORDER BY j.rowid", (WAITING,))
+            "SELECT j.job_id FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id WHERE (j.delivered = ? "
+            "OR j.delivered LIKE ?) AND t.card IS NOT NULL ORDER BY j.rowid", (WAITING, POSTING + "%"))
         return await self._post_held(rows)
 
     async def _post_held(self, rows: list[Any]) -> int:
@@ -119,30 +133,46 @@ class ListenerDelivery:
             run_id = int(str(entry["job_id"]).removeprefix("run-"))
             ticket, row = await self._repo.get(run_id), await self._job(run_id)
             if ticket is not None and row is not None:
-                await self._post(ticket, row)
-                posted += 1
+                posted += await self._post(ticket, row)
         return posted
 
     async def _job(self, run_id: int) -> Any:
         return await self._store.fetchone(
-            "SELECT j.dedupe_key, j.kind, j.label, j.deliver, t.id AS transcript_id, t.conversation_id, "
+            "SELECT j.dedupe_key, j.kind, j.label, j.deliver, j.delivered, t.id AS transcript_id, t.conversation_id, "
             "t.from_number, t.to_number, t.card FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id "
             "WHERE j.job_id = ?", (f"run-{run_id}",))
 
-    async def _post(self, ticket: RunTicket, row: Any) -> None:
+    def _postable(self, delivered: str | None) -> bool:
+        """Whether a result in this state is still to be posted: never posted, waiting, refused before,
+        or left half-posted by a process that is gone."""
+        if delivered is None or delivered == WAITING or delivered.startswith("post failed"):
+            return True
+        if delivered.startswith(POSTING):
+            owner = delivered.removeprefix(POSTING)
+            return owner != self._owner and not owner_alive(owner, me=self._owner)
+        return False
+
+    async def _post(self, ticket: RunTicket, row: Any) -> bool:
+        """Take the result (exactly one process wins) and post it; False when it was not ours to post."""
+        seen = row["delivered"]
+        if not self._postable(seen) or await self._store.execute(
+                "UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ? AND delivered IS ?",
+                (POSTING + self._owner, row["dedupe_key"], seen)) != 1:
+            return False
         result = JobResult(ticket, row["kind"], row["label"], row["conversation_id"], row["from_number"],
                            row["to_number"], deliver_channel(row["deliver"], self._default_channel), row["card"])
+        where = "post failed: interrupted"
         try:
             where = await self._poster.post_result(result)
         except Exception as exc:  # kept in the ledger; the run and the archive are untouched
-            log.warning("run %s (%s for call %s) was not posted: %s", ticket.id, row["kind"], row["conversation_id"],
+            log.warning("run %s (%s for call %s) was not posted: %s", ticket.id, row["kind"], quote_untrusted(row["conversation_id"]),
                         exc)
             where = f"post failed: {str(exc)[:200]}"
-        await self._mark(row["dedupe_key"], where)
-
-    async def _mark(self, key: str, where: str) -> None:
-        async with self._store.transaction() as conn:
-            await conn.execute("UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ?", (where, key))
+        finally:
+            await asyncio.shield(self._store.execute(
+                "UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ? AND delivered = ?",
+                (where, row["dedupe_key"], POSTING + self._owner)))
+        return True
 
 
 KIND_WORDS = {"review": "review", "callback": "callback", "command": "call command"}
@@ -170,7 +200,7 @@ class TerminalPoster:
         ticket = result.ticket
         took = elapsed_words(ticket.elapsed(ticket.finished_at or ticket.updated_at))
         print(f"\n── {KIND_WORDS.get(result.kind, result.kind)} \u201c{printable(bounded(result.label, 60))}\u201d for "
-              f"call {printable(bounded(result.conversation_id, 64))} {STATE_WORDS[ticket.state]} after {took} "
+              f"call {quote_untrusted(result.conversation_id, 64)} {STATE_WORDS[ticket.state]} after {took} "
               f"(run {ticket.id})", file=out)
         if result.channel_id is not None:
             print(f"   (meant for Discord channel {result.channel_id}; `switchboard run` posts there)", file=out)

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
+
+# File systems that show kernel state as files: nothing written there is kept (and SQLite cannot work).
+_KERNEL_FILE_SYSTEMS = frozenset({
+    "proc", "sysfs", "devpts", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "configfs", "pstore",
+    "bpf", "efivarfs", "fusectl", "mqueue", "binfmt_misc", "autofs", "nsfs", "rpc_pipefs",
+})
+_MOUNTINFO = Path("/proc/self/mountinfo")
+_OCTAL = re.compile(r"\\([0-7]{3})")
 
 
 def output_problem(path: Path, label: str) -> str | None:
@@ -18,6 +27,10 @@ def output_problem(path: Path, label: str) -> str | None:
         return f"{label} {path}: the directory {parent} does not exist; create it first (mkdir -p {shlex.quote(str(parent))})"
     if not parent.is_dir():
         return f"{label} {path}: {parent} is not a directory"
+    # an existing device or pipe (/dev/null, a FIFO) is written as it is; a file is kept by its file system
+    kept_by = path if path.is_file() else None if path.exists() else parent
+    if kept_by is not None and (kind := kernel_file_system(kept_by)):
+        return f"{label} {path}: {parent} is a {kind} file system (kernel state, not storage); pick a file on disk"
     writable = os.access(path, os.W_OK) if path.exists() else os.access(parent, os.W_OK | os.X_OK)
     if not writable:
         return f"{label} {path}: permission denied; pick a directory you can write to"
@@ -34,6 +47,29 @@ def home_problem(home: Path) -> str | None:
         probe = probe.parent
     if not probe.is_dir():
         return f"SWITCHBOARD_HOME {home}: {probe} is not a directory"
+    if kind := kernel_file_system(probe):
+        return (f"SWITCHBOARD_HOME {home}: {probe} is a {kind} file system (kernel state, not storage); point it "
+                "at a directory on disk (default ~/.switchboard)")
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"SWITCHBOARD_HOME {home}: permission denied at {probe}; pick a directory you can write to"
     return None
+
+
+def kernel_file_system(path: Path) -> str | None:
+    """The type of the kernel file system (proc, sysfs, …) the existing `path` is on, or None: a file
+    system that can keep files, or one this machine does not say (no /proc/self/mountinfo)."""
+    try:
+        mounts = _MOUNTINFO.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, kind = "", None
+    for line in mounts:  # "id parent major:minor root MOUNT-POINT options [optional…] - TYPE source …"
+        fields = line.split()
+        if "-" not in fields[5:]:
+            continue
+        mount = _OCTAL.sub(lambda m: chr(int(m[1], 8)), fields[4])  # \040 is a space
+        inside = target == mount or target.startswith(mount.rstrip("/") + "/")
+        if inside and len(mount) >= len(best):  # the innermost (and, stacked, the last) mount holds it
+            best, kind = mount, fields[fields.index("-", 5) + 1]
+    return kind if kind in _KERNEL_FILE_SYSTEMS else None

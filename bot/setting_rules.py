@@ -55,12 +55,15 @@ def snowflake(value: Any) -> int:
 
 
 def snowflakes(value: Any) -> frozenset[int]:
-    """Comma-separated Discord IDs. Any malformed or empty entry refuses the whole list."""
-    parts = [p.strip() for p in str(value).split(",")]
+    """Comma-separated Discord IDs. Empty items (a trailing or doubled comma) are skipped; any
+    malformed entry, or no ID at all, refuses the whole list."""
+    parts = [p.strip() for p in str(value).split(",") if p.strip()]
     bad = [p for p in parts if not _SNOWFLAKE.fullmatch(p) or int(p) > _MAX_SNOWFLAKE]
     if bad:
         shown = ", ".join(repr(clip(p, 24)) for p in bad[:3])
         raise ValueError(f"holds {shown}, not a Discord ID (17–20 digits, no leading zero)")
+    if not parts:
+        raise ValueError("holds no Discord ID, only commas")
     return frozenset(int(p) for p in parts)
 
 

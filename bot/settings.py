@@ -112,6 +112,7 @@ class Settings(BaseSettings):
     transcript_hosts: frozenset[str] = Field(frozenset(), validation_alias="SMARTNUMBERS_ALLOWED_TRANSCRIPT_HOSTS")
     allow_insecure_local: bool = Field(False, validation_alias="SMARTNUMBERS_ALLOW_INSECURE_LOCAL")
     max_message_bytes: int = Field(1 << 20, validation_alias="SMARTNUMBERS_MAX_MESSAGE_BYTES")
+    max_transcript_bytes: int = Field(20 << 20, validation_alias="SMARTNUMBERS_MAX_TRANSCRIPT_BYTES")
     agent_name: str = Field("Ares", validation_alias="SWITCHBOARD_AGENT_NAME")
     activation_names: tuple[str, ...] = Field((), validation_alias="SWITCHBOARD_ACTIVATION_NAMES")
     transcripts_channel_id: int | None = Field(None, validation_alias="SWITCHBOARD_TRANSCRIPTS_CHANNEL_ID")
@@ -311,6 +312,17 @@ class Settings(BaseSettings):
             raise ValueError("is not a whole number of bytes; e.g. 1048576 (1 MiB)") from None
         if not 1024 <= number <= 64 << 20:
             raise ValueError("must be between 1024 and 67108864 bytes")
+        return number
+
+    @field_validator("max_transcript_bytes", mode="before")
+    @classmethod
+    def _transcript_bytes(cls, value: Any) -> int:
+        try:
+            number = int(str(value).strip())
+        except ValueError:
+            raise ValueError("is not a whole number of bytes; e.g. 20971520 (20 MiB)") from None
+        if not 1024 <= number <= 1 << 30:
+            raise ValueError("must be between 1024 and 1073741824 bytes (1 GiB)")
         return number
 
     @field_validator("agent_name", mode="before")

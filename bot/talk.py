@@ -3,7 +3,8 @@
 Everything a user can get wrong — the key, the provider, IN.wav, where OUT.wav and the metrics go —
 is checked before the call starts and reported in one line with exit code 2. Exit codes: 0 done,
 1 the call failed (provider/network), 2 usage or configuration, 3 `--timeout`, 130 Ctrl-C in file
-mode (143 SIGTERM). On the terminal, Ctrl-C is how a call ends: exit 0.
+mode (143 SIGTERM). On the terminal, Ctrl-C is how a call ends: exit 0. Ctrl-C before the call has
+started (while the voice service's handshake is pending) ends it at once: 130 in either mode.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import asyncio
 import logging
 import math
+import os
 import shlex
 import signal
 import sys
@@ -20,10 +22,11 @@ from pathlib import Path
 
 from listener.archive import Archive
 from voice.audio import AudioFileError
-from voice.call.core import CallOptions, ShowTranscript
+from voice.call.core import CallOptions, CallState, ShowTranscript
 from voice.call.engine import CallEngine, CallFailed, speech_detector
 from voice.call.identity import build_identity
 from voice.call.providers import ProviderConfigError, RealtimeProvider, make_provider
+from voice.call.providers.endpoint import display_url
 from voice.call.telemetry import Telemetry
 from voice.call.tools import AllowKnownSpeakers, ToolCatalogue
 from voice.call.vad import SpeechDetector, VadConfig
@@ -42,7 +45,11 @@ EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 3
 
 
 def add_parser(sub) -> None:
-    talk = sub.add_parser("talk", help="talk with the assistant: microphone and speaker, or WAV in / WAV out")
+    talk = sub.add_parser("talk", help="talk with the assistant: microphone and speaker, or WAV in / WAV out",
+                          description="A conversation with the assistant on this terminal's microphone and "
+                                      "speaker (Ctrl-C ends it: exit 0), or from IN.wav into OUT.wav (Ctrl-C: "
+                                      "exit 130). Needs a provider key. Everything that can be wrong is checked "
+                                      "before the call starts: one line, exit 2.")
     talk.add_argument("--input-wav", type=Path, help="feed this WAV as if spoken (any rate/channels)")
     talk.add_argument("--output-wav", type=Path, help="write what the assistant says here (24 kHz mono)")
     talk.add_argument("--metrics-json", type=Path, help="append per-turn latency records here (JSON lines)")
@@ -100,10 +107,14 @@ async def _call(settings: Settings, args, provider: RealtimeProvider, transport,
                            detector=detector, hold_open=(lambda: runs.busy) if file_mode else None)
     detach = runs.attach(engine)
     signals: list[int] = []
+    calls: list[asyncio.Task[None]] = []
 
     def on_signal(signum: int) -> None:
         signals.append(signum)
         engine.stop()
+        if engine.core.state is CallState.NEW:  # still in the provider handshake, which stop() cannot end:
+            for call in calls:  # it would wait out the handshake's own timeout (15 s)
+                call.cancel()
 
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -122,17 +133,27 @@ async def _call(settings: Settings, args, provider: RealtimeProvider, transport,
             print(f"switchboard talk: warning: {warning}", file=sys.stderr)
         if not file_mode and callable(hint := getattr(transport, "headphones_hint", None)):
             print(hint(), file=sys.stderr)
-        code = await _hold_call(engine, args.timeout)
+        code = None  # None: interrupted before the call started
+        if not signals:  # a Ctrl-C while the transport opened ends it here
+            calls.append(asyncio.ensure_future(engine.run()))
+            code = await _hold_call(calls[0], args.timeout)
     finally:
         detach()
         await transport.__aexit__(None, None, None)
+    if code is None:
+        print(f"switchboard talk: interrupted while connecting to the voice service at "
+              f"{display_url(provider.url())}; nothing was said", file=sys.stderr)
+        if file_mode:
+            transport.discard_empty_output()
+        return 128 + signals[0]
     if signals and code == 0:  # Ctrl-C ends a terminal call normally; a file call it interrupts
         code = 0 if signals[0] == signal.SIGINT and not file_mode else 128 + signals[0]
     if file_mode:
         if code in (EXIT_FAILED, EXIT_TIMEOUT):
             transport.discard_empty_output()  # a failed call leaves no empty OUT.wav behind
         else:
-            print(f"switchboard talk: {summary(args.output_wav, transport.output_ms, telemetry.count)}",
+            silent = args.input_wav if transport.input_silent else None
+            print(f"switchboard talk: {summary(args.output_wav, transport.output_ms, telemetry.count, silent_input=silent)}",
                   file=sys.stderr)
     return code
 
@@ -179,13 +200,20 @@ def _no_user_id(call) -> None:
     return None
 
 
-async def _hold_call(engine: CallEngine, timeout: float | None) -> int:
+async def _hold_call(call: asyncio.Task[None], timeout: float | None) -> int | None:
+    """The call's exit code once `call` (the engine's run) ends; None when it was cancelled before it
+    started (Ctrl-C in the handshake)."""
     try:
         if timeout is not None:
-            await asyncio.wait_for(engine.run(), timeout)
+            await asyncio.wait_for(call, timeout)
         else:
-            await engine.run()
+            await call
         return 0
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if not call.cancelled() or (current is not None and current.cancelling()):
+            raise  # we are being cancelled ourselves
+        return None
     except TimeoutError:
         print(f"switchboard talk: stopped after --timeout {timeout:g} s", file=sys.stderr)
         return EXIT_TIMEOUT
@@ -208,8 +236,12 @@ def check_outputs(args, metrics: Path | None, metrics_label: str = "--metrics-js
     return None
 
 
-def summary(output: Path, output_ms: int, turns: int) -> str:
-    return f"wrote {output_ms} ms of assistant audio to {output} ({turns} turn{'s' if turns != 1 else ''})"
+def summary(output: Path, output_ms: int, turns: int, *, silent_input: Path | None = None) -> str:
+    """The last line of a file call; `silent_input`: IN.wav, when it held nothing louder than -60 dBFS."""
+    said = f"wrote {output_ms} ms of assistant audio to {output} ({turns} turn{'s' if turns != 1 else ''}"
+    if turns == 0 and silent_input is not None:
+        return f"{said}: {silent_input} holds no speech, it is silent; record or pick a file with speech in it)"
+    return f"{said})"
 
 
 def terminal_audio_message(exc: BaseException) -> str:
@@ -236,4 +268,7 @@ def _make_transport(args):
 
 def _print_transcript(line: ShowTranscript) -> None:
     label = "you" if line.role == "user" else "assistant"
-    print(f"{label}: {line.text}", flush=True)
+    try:
+        print(f"{label}: {line.text}", flush=True)
+    except BrokenPipeError:  # `talk | head`: the reader has gone; the call and OUT.wav go on without it
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -1,8 +1,8 @@
 """`switchboard transcripts search QUERY | show ID`: the call archive, without a call or Discord.
 
 Everything printed is what callers said: external, untrusted data (`--json` says so in
-`source_trust`). Exit codes: 0 ok (also when nothing matched), 1 the store failed, 2 usage
-(no such call, a search with no words).
+`source_trust`). Exit codes: 0 ok (also when nothing matched), 2 usage (no such call, a search with no
+words) or the store (cannot be opened, damaged).
 """
 
 from __future__ import annotations
@@ -14,21 +14,30 @@ import sys
 import time
 from typing import Any, TextIO
 
-from listener.archive import ArchiveError
+from listener.archive import MAX_LIMIT, ArchiveError
 
+from .cli import whole_number
 from .compose import archive
 from .paths import home_problem
 from .settings import Settings
 from .store import StoreError
 
+MAX_OFFSET = 10**9  # no archive holds a billion turns; past SQLite's integers it would be a traceback
+
 
 def add_parser(subparsers: Any) -> None:
-    parser = subparsers.add_parser("transcripts", help="archived phone calls: search them, show one")
+    parser = subparsers.add_parser("transcripts", help="archived phone calls: search them, show one",
+                                   description="The phone-call archive in SWITCHBOARD_HOME's store, without a call "
+                                               "or Discord. What it prints is what callers said: external, "
+                                               "untrusted text. Exit codes: 0 ok (also when nothing matched), 1 the "
+                                               "store failed, 2 usage (no such call).")
     actions = parser.add_subparsers(dest="transcripts_command", metavar="ACTION", required=True)
     search = actions.add_parser("search", help="turns that contain all the words, best match first")
     search.add_argument("query", nargs="+", help="words to look for")
-    search.add_argument("--limit", type=int, default=20, help="results per page (1-100, default 20)")
-    search.add_argument("--offset", type=int, default=0, help="skip this many results (see next_offset)")
+    search.add_argument("--limit", type=whole_number(1, MAX_LIMIT), default=20,
+                        help=f"results per page (1-{MAX_LIMIT}, default 20)")
+    search.add_argument("--offset", type=whole_number(0, MAX_OFFSET), default=0,
+                        help="skip this many results (see next_offset)")
     search.add_argument("--conversation", help="only this call (its conversation id)")
     search.add_argument("--speaker", help="only turns by this speaker label (e.g. TO, FROM)")
     search.add_argument("--direction", choices=("inbound", "outbound"), help="only inbound or outbound calls")
@@ -74,7 +83,7 @@ async def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | No
         return 2
     except StoreError as exc:
         print(f"switchboard transcripts: {exc}", file=err)
-        return 1
+        return 2
     return 0
 
 

@@ -22,7 +22,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import urlsplit
 
-__all__ = ["ParsedURL", "UnsafeTranscriptURL", "check_transcript_url", "vet_address"]
+__all__ = ["MAX_URL_CHARS", "ParsedURL", "UnsafeTranscriptURL", "check_transcript_url", "vet_address"]
+
+# A presigned URL with a session token is a few kilobytes; anything near httpx's own 64 KiB limit is
+# not a transcript link (and would make httpx raise InvalidURL instead of a download error).
+MAX_URL_CHARS = 16 * 1024
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
@@ -277,6 +281,7 @@ def check_transcript_url(
     """Check a transcript URL against the download rules; return it parsed or raise
     UnsafeTranscriptURL (one-line message, never the query string).
 
+    - at most `MAX_URL_CHARS` characters;
     - https only, on the default port (443), no userinfo, no whitespace/control characters;
     - with `allow_insecure_local`: a loopback IP literal or `localhost` may also use http and any
       port (the downloader then lets loopback addresses through vetting, and only loopback);
@@ -287,6 +292,11 @@ def check_transcript_url(
     Address vetting of what the host resolves to is the downloader's job (`vet_address`)."""
     if not isinstance(url, str) or not url:
         raise UnsafeTranscriptURL("transcript URL refused: empty or not a string")
+    if len(url) > MAX_URL_CHARS:
+        raise UnsafeTranscriptURL(
+            f"transcript URL refused: it is {len(url)} characters long, more than {MAX_URL_CHARS}; "
+            "ask Smartnumbers to resend the event"
+        )
     if FORBIDDEN_URL_CHARS.search(url):
         raise UnsafeTranscriptURL("transcript URL refused: contains whitespace, control characters or '\\'")
     try:

@@ -1,4 +1,5 @@
-"""The call archive: transcripts and their turns in SQLite, searchable through an FTS5 index.
+"""The call archive: transcripts and their turns in SQLite, searchable through an FTS5 index, and
+the execution ledger that says who starts each call's jobs (`ExecutionLedger`).
 
 The listener owns these tables and their migrations (`MIGRATIONS`, plain `(package, version, sql)`
 steps the service's store applies); the repository takes any database with the store's small async
@@ -9,8 +10,12 @@ untrusted data and says so (`source_trust`).
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Sequence
+import secrets
+import socket
+import time
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -120,6 +125,20 @@ MIGRATIONS: tuple[tuple[str, int, str], ...] = ((PACKAGE, 1, """
     # version 3: what comes after archiving — each call's memory state, review and Discord card; the
     # ledger names each job and where its result goes; callbacks (the default review is the callback
     # `default-review`); callback-mutation tokens (hashes only); durable facts with their provenance
+    (PACKAGE, 4, """
+    ALTER TABLE listener_jobs ADD COLUMN owner TEXT;
+    ALTER TABLE listener_jobs ADD COLUMN claimed_at REAL;
+    CREATE TABLE listener_steps (
+        transcript_id INTEGER NOT NULL REFERENCES transcripts (id) ON DELETE CASCADE,
+        step          TEXT    NOT NULL,
+        owner         TEXT    NOT NULL,
+        claimed_at    REAL    NOT NULL,
+        PRIMARY KEY (transcript_id, step)
+    );
+"""),
+    # version 4: claims say who holds them and since when (several processes share the store): a
+    # job slot claimed by a process that is gone is taken again; `listener_steps` holds who is
+    # learning a call's facts or posting its card right now, so two listeners never do both twice
 )
 
 
@@ -175,8 +194,8 @@ class Archive:
             await conn.executemany(
                 "INSERT INTO transcript_turns (transcript_id, turn_index, speaker, is_user, text, start_s, end_s, "
                 "source_turn_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                [(transcript_id, t.index, t.speaker, int(user_label is not None and t.speaker == user_label), t.text,
-                  t.start_s, t.end_s, t.source_turn_id) for t in transcript.turns])
+                ((transcript_id, t.index, t.speaker, int(user_label is not None and t.speaker == user_label), t.text,
+                  t.start_s, t.end_s, t.source_turn_id) for t in transcript.turns))  # a generator: no second copy
             await conn.execute("INSERT INTO transcript_turns_fts (rowid, text) SELECT id, text FROM transcript_turns "
                                "WHERE transcript_id = ?", (transcript_id,))
         return Archived(transcript_id, True)
@@ -203,8 +222,8 @@ class Archive:
         the last page). Filters narrow by call, speaker label, direction, either phone number, time."""
         if not 1 <= limit <= MAX_LIMIT:
             raise ArchiveError(f"limit must be between 1 and {MAX_LIMIT}")
-        if offset < 0:
-            raise ArchiveError("offset must be 0 or more")
+        if not 0 <= offset <= 10**9:
+            raise ArchiveError("offset must be between 0 and 1000000000")
         where, params = ["transcript_turns_fts MATCH ?"], [fts_query(query)]
         for clause, value in (("t.conversation_id = ?", conversation_id), ("u.speaker = ?", speaker),
                               ("t.direction = ?", direction), ("t.received_at >= ?", since),
@@ -265,3 +284,163 @@ def _result(row: Any) -> dict[str, Any]:
             "direction": row["direction"], "from": row["from_number"], "to": row["to_number"],
             "received_at": row["received_at"], "turn_index": row["turn_index"], "speaker": row["speaker"],
             "is_user": bool(row["is_user"]), "text": row["text"]}
+
+
+# -- the execution ledger: who starts each job, who does each step of a call ----------------------
+
+STALE_CLAIM_S = 600.0  # a claim older than this is abandoned even when its owner still runs (a hung start)
+STEPS = {"memory": "SELECT memory_status = 'done' FROM transcripts WHERE id = ?",
+         "card": "SELECT card IS NOT NULL FROM transcripts WHERE id = ?"}
+
+
+def process_owner() -> str:
+    """A claim owner naming this process: `host:pid:?:nonce` (the shape of the runs service's owner
+    tokens, so the composition root may pass one of those instead)."""
+    return f"{socket.gethostname()}:{os.getpid()}:?:{secrets.token_hex(4)}"
+
+
+def process_alive(owner: str) -> bool:
+    """Whether the process named in a claim's owner still runs on this host. Another host's owner
+    counts as gone: one SQLite file is never shared across hosts."""
+    host, _, rest = owner.partition(":")
+    pid_text = rest.partition(":")[0]
+    if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) <= 0:
+        return False
+    try:
+        os.kill(int(pid_text), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The answer to a claim: `won` (this caller must do it now, and settle or release it), or
+    `done` (the job slot has its run: `job_id`; the step is recorded), or neither: `holder` is
+    doing it right now (another live process, or another task of this one)."""
+
+    won: bool
+    done: bool = False
+    job_id: str | None = None
+    holder: str | None = None
+
+
+class ExecutionLedger:
+    """Claims on job slots (`listener_jobs`: one row per review, callback and named command of a
+    call) and on a call's steps (`listener_steps`: learning its facts, posting its card).
+
+    A claim is read and taken inside one `BEGIN IMMEDIATE` transaction, so of any number of tasks
+    and processes exactly one wins. It records its owner (this process) and time — the intent to
+    start: a slot claimed but still without a run is taken again when its owner is gone (`alive`),
+    when its owner is this ledger but no task of it is working on it (a start interrupted here), or
+    after `STALE_CLAIM_S`. A slot with a run is never started again."""
+
+    def __init__(self, db: Database, *, owner: str | None = None, alive: Callable[[str], bool] = process_alive,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.db = db
+        self.owner = owner or process_owner()
+        self._alive = alive
+        self._clock = clock
+        self._holding: set[tuple[str, Any]] = set()  # claims this ledger's tasks are working on now
+
+    def held_elsewhere(self, owner: str | None, since: float | None, what: tuple[str, Any]) -> bool:
+        """Whether a claim by `owner` taken at `since` is being worked on right now by someone else."""
+        if not owner or since is None or since < self._clock() - STALE_CLAIM_S:
+            return False
+        if owner == self.owner:
+            return what in self._holding
+        return self._alive(owner)
+
+    async def claim_job(self, *, key: str, transcript_id: int, kind: str, label: str, deliver: str) -> Claim:
+        """Claim a job slot: won (start it now, then `started` or `failed`), done (it has its run), or
+        held by someone starting it right now."""
+        claim = await self._claim_job(key, transcript_id, kind, label, deliver)
+        if claim.won:  # after the commit, before any other task of this process can ask
+            self._holding.add(("job", key))
+        return claim
+
+    async def _claim_job(self, key: str, transcript_id: int, kind: str, label: str, deliver: str) -> Claim:
+        now = self._clock()
+        async with self.db.transaction() as conn:
+            async with conn.execute("SELECT job_id, state, owner, claimed_at, created_at FROM listener_jobs "
+                                    "WHERE dedupe_key = ?", (key,)) as cursor:
+                row = await cursor.fetchone()
+            if row is None:
+                await conn.execute("INSERT INTO listener_jobs (dedupe_key, transcript_id, kind, label, deliver, "
+                                   "created_at, state, owner, claimed_at) VALUES (?, ?, ?, ?, ?, ?, 'claimed', ?, ?)",
+                                   (key, transcript_id, kind, label[:200], deliver, now, self.owner, now))
+                return Claim(True)
+            if row["job_id"] is not None:
+                return Claim(False, done=True, job_id=row["job_id"])
+            if row["state"] == "claimed" and self.held_elsewhere(row["owner"], row["claimed_at"] or row["created_at"],
+                                                                 ("job", key)):
+                return Claim(False, holder=row["owner"])
+            # never claimed by anyone alive: a start that failed, or one a crash or a stop left half-done
+            await conn.execute("UPDATE listener_jobs SET state = 'claimed', owner = ?, claimed_at = ?, detail = '' "
+                               "WHERE dedupe_key = ?", (self.owner, now, key))
+            return Claim(True)
+
+    async def started(self, key: str, job_id: str) -> None:
+        """The slot's job is running as `job_id`; from now on the slot is done, whoever asks."""
+        async with self.db.transaction() as conn:
+            await conn.execute("UPDATE listener_jobs SET job_id = ?, state = 'started', detail = '', owner = NULL "
+                               "WHERE dedupe_key = ? AND job_id IS NULL", (job_id, key))
+        self._holding.discard(("job", key))
+
+    async def failed(self, key: str, detail: str) -> None:
+        """This claim's start failed: the slot may be taken again (a later delivery retries it)."""
+        async with self.db.transaction() as conn:
+            await conn.execute("UPDATE listener_jobs SET state = 'error', detail = ?, owner = NULL WHERE dedupe_key = ? "
+                               "AND job_id IS NULL AND owner = ?", (detail[:300], key, self.owner))
+        self._holding.discard(("job", key))
+
+    async def job_ids(self, transcript_id: int) -> list[str]:
+        """Every job that truly started for this call (a run exists), in the order they were claimed."""
+        rows = await self.db.fetchall(
+            "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL ORDER BY rowid",
+            (transcript_id,))
+        return [row["job_id"] for row in rows]
+
+    async def claim_step(self, transcript_id: int, step: str) -> Claim:
+        """Claim a call's `step` ("memory", "card"): won (do it, then `release_step`), done (the
+        archive records it as done), or held by someone doing it right now."""
+        claim = await self._claim_step(transcript_id, step)
+        if claim.won:
+            self._holding.add((step, transcript_id))
+        return claim
+
+    async def _claim_step(self, transcript_id: int, step: str) -> Claim:
+        now = self._clock()
+        async with self.db.transaction() as conn:
+            async with conn.execute(STEPS[step], (transcript_id,)) as cursor:
+                done = await cursor.fetchone()
+            if done is not None and done[0]:
+                return Claim(False, done=True)
+            async with conn.execute("SELECT owner, claimed_at FROM listener_steps WHERE transcript_id = ? AND "
+                                    "step = ?", (transcript_id, step)) as cursor:
+                row = await cursor.fetchone()
+            if row is not None and self.held_elsewhere(row["owner"], row["claimed_at"], (step, transcript_id)):
+                return Claim(False, holder=row["owner"])
+            await conn.execute("INSERT INTO listener_steps (transcript_id, step, owner, claimed_at) VALUES (?, ?, ?, ?) "
+                               "ON CONFLICT (transcript_id, step) DO UPDATE SET owner = excluded.owner, "
+                               "claimed_at = excluded.claimed_at", (transcript_id, step, self.owner, now))
+            return Claim(True)
+
+    async def card_posted(self, transcript_id: int, reference: str) -> None:
+        """Record the call's card (unless the notifier already did) and let go of the card's claim."""
+        async with self.db.transaction() as conn:
+            await conn.execute("UPDATE transcripts SET card = COALESCE(card, ?) WHERE id = ?", (reference, transcript_id))
+            await conn.execute("DELETE FROM listener_steps WHERE transcript_id = ? AND step = 'card' AND owner = ?",
+                               (transcript_id, self.owner))
+        self._holding.discard(("card", transcript_id))
+
+    async def release_step(self, transcript_id: int, step: str) -> None:
+        """Done with `step` (recorded in the archive, or failed: the next delivery may claim it)."""
+        if (step, transcript_id) not in self._holding:
+            return  # let go already (`card_posted`)
+        async with self.db.transaction() as conn:
+            await conn.execute("DELETE FROM listener_steps WHERE transcript_id = ? AND step = ? AND owner = ?",
+                               (transcript_id, step, self.owner))
+        self._holding.discard((step, transcript_id))

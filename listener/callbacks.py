@@ -153,13 +153,14 @@ class Callbacks:
         new_name = current.name if name is None else _text(name, "a name", MAX_NAME)
         new_text = current.instructions if instructions is None else _text(instructions, "instructions",
                                                                            MAX_INSTRUCTIONS)
-        new_deliver = current.deliver if deliver is None else check_deliver(deliver)
-        await self._write(current.id, new_name, new_text, new_deliver, current.enabled)
+        new_deliver = None if deliver is None else check_deliver(deliver)
+        await self._write(current.id, name=None if name is None else new_name,
+                          instructions=None if instructions is None else new_text, deliver=new_deliver)
         return await self.get(current.id)
 
     async def set_enabled(self, callback_id: str, enabled: bool) -> Callback:
         current = await self.get(callback_id)
-        await self._write(current.id, current.name, current.instructions, current.deliver, enabled)
+        await self._write(current.id, enabled=enabled)
         return await self.get(current.id)
 
     async def remove(self, callback_id: str) -> Callback:
@@ -171,11 +172,16 @@ class Callbacks:
         async with self.db.transaction() as conn:
             await conn.execute("DELETE FROM listener_callbacks WHERE id = ?", (callback_id,))
 
-    async def _write(self, cid: str, name: str, instructions: str, deliver: str, enabled: bool) -> None:
+    async def _write(self, cid: str, *, name: str | None = None, instructions: str | None = None,
+                     deliver: str | None = None, enabled: bool | None = None) -> None:
+        """Change only the fields given, in one statement: another process changing another field of the
+        same callback at the same moment keeps its change (no read-modify-write)."""
         async with self.db.transaction() as conn:
-            await conn.execute("UPDATE listener_callbacks SET name = ?, instructions = ?, deliver = ?, enabled = ?, "
-                               "revision = revision + 1, updated_at = ? WHERE id = ?",
-                               (name, instructions, deliver, int(enabled), self._clock(), cid))
+            await conn.execute("UPDATE listener_callbacks SET name = COALESCE(?, name), "
+                               "instructions = COALESCE(?, instructions), deliver = COALESCE(?, deliver), "
+                               "enabled = COALESCE(?, enabled), revision = revision + 1, updated_at = ? WHERE id = ?",
+                               (name, instructions, deliver, None if enabled is None else int(enabled), self._clock(),
+                                cid))
 
     # -- the default review ------------------------------------------------------------------------
 
@@ -186,15 +192,14 @@ class Callbacks:
     async def set_review(self, instructions: str, deliver: str | None = None) -> Callback:
         text = _text(instructions, "review instructions", MAX_INSTRUCTIONS)
         target = check_deliver(deliver)
-        current = await self.review()
-        if current is None:
-            now = self._clock()
-            async with self.db.transaction() as conn:
-                await conn.execute("INSERT INTO listener_callbacks (id, name, instructions, deliver, created_at, "
-                                   "updated_at) VALUES (?, ?, ?, ?, ?, ?)",
-                                   (REVIEW_ID, REVIEW_NAME, text, target, now, now))
-        else:
-            await self._write(REVIEW_ID, REVIEW_NAME, text, target if deliver is not None else current.deliver, True)
+        now = self._clock()
+        async with self.db.transaction() as conn:  # one statement: two processes setting it at once both succeed
+            await conn.execute("INSERT INTO listener_callbacks (id, name, instructions, deliver, created_at, updated_at) "
+                               "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
+                               "instructions = excluded.instructions, enabled = 1, revision = revision + 1, "
+                               "updated_at = excluded.updated_at"
+                               + (", deliver = excluded.deliver" if deliver is not None else ""),
+                               (REVIEW_ID, REVIEW_NAME, text, target, now, now))
         review = await self.review()
         assert review is not None
         return review

@@ -29,6 +29,8 @@ Rules decided here where the design is silent:
   a source id, else `[conversation_id, "index", index, ordinal]` — unambiguous (a turn id "5" never
   collides with index 5, a ":" in an id cannot shift fields) and stable across re-parses.
 - Aliases are matched as written; only the full agent name contributes its first word.
+- In a transcript's turns, apostrophe look-alikes (’ ‘ ʼ ′ ＇) count as `'`: typography never makes
+  a possessive into an address. (`addresses_agent`, the voice call's check, reads text as given.)
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ _SKIP = set(_ADDRESS_PUNCT + "-")
 _TRAILING = set(",;:-" + _DASHES)
 _BOUNDARY = set(".!?,;:\u2026-" + _DASHES)
 _LEADS = ("hey", "okay", "ok")
+_APOSTROPHES = str.maketrans(dict.fromkeys("\u2018\u2019\u201b\u02bc\u2032\uff07", "'"))
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,9 @@ def _addresses(text: str, pattern: re.Pattern[str]) -> list[tuple[int, int, int]
 
 def _turn_commands(transcript: Transcript, turn: Turn, pattern: re.Pattern[str]) -> list[CallCommand]:
     text = turn.text
-    found = _addresses(text, pattern)
+    # An apostrophe look-alike reads as "'" ("okay Ares’s idea" is a possessive, not an address);
+    # one character for one, so every position found is a position in the turn's own text.
+    found = _addresses(text.translate(_APOSTROPHES), pattern)
     out = []
     for ordinal, (_, name_start, name_end) in enumerate(found):
         stop = found[ordinal + 1][0] if ordinal + 1 < len(found) else len(text)
@@ -195,4 +200,4 @@ def addresses_agent(text: str, *, agent_name: str, aliases: Sequence[str] = ()) 
     (see the module docstring): a voice call's addressed-only mode answers exactly such turns."""
     if not isinstance(text, str) or not text:
         return False
-    return bool(_addresses(text, _pattern(_names(agent_name, aliases))))
+    return bool(_addresses(text.translate(_APOSTROPHES), _pattern(_names(agent_name, aliases))))

@@ -2,15 +2,22 @@
 
 The order matters, it closes the DNS-rebinding window the old plugin had:
 
-1. `check_transcript_url` (scheme, port, userinfo, allow-list, `expires_at`);
+1. `check_transcript_url` (length, scheme, port, userinfo, allow-list, `expires_at`);
 2. resolve the host ONCE;
 3. vet EVERY address it resolved to (any refused address refuses the download);
 4. connect to a vetted address itself: the request goes to `https://<ip>/path` while the `Host`
    header and TLS (SNI *and* certificate verification, via httpcore's `sni_hostname` request
    extension, which becomes `server_hostname` for `SSLContext.wrap_bio`) keep the real name;
 5. no proxies, no .netrc, no `SSL_CERT_*` from the environment (`trust_env=False`); redirects are
-   not followed and any 3xx is a refusal; non-2xx is an error with the status; the body is streamed
-   and stops past `max_bytes`; everything runs under one `timeout_s` deadline.
+   not followed and any 3xx is a refusal; non-2xx is an error with the status; a declared
+   `Content-Length` over `max_bytes` is refused before the body is read, and the body is counted
+   while it streams and stops past `max_bytes`; everything runs under one `timeout_s` deadline —
+   total time, not per read: a host that trickles one byte a second is cut off at the deadline.
+
+`TranscriptDownloader` is what the listener uses: those rules plus the limits every download shares —
+at most `max_concurrent` downloads at once (fewer than the stream's event concurrency, so slow hosts
+can never hold every event slot), a download that finds no free slot within `queue_s` failing as
+retryable instead of waiting.
 
 Errors are `TranscriptDownloadError`: one line, says what to do, never the query string.
 """
@@ -18,8 +25,10 @@ Errors are `TranscriptDownloadError`: one line, says what to do, never the query
 from __future__ import annotations
 
 import asyncio
+import io
 import socket
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
@@ -27,7 +36,23 @@ import httpx
 
 from listener.addresses import ParsedURL, UnsafeTranscriptURL, check_transcript_url, vet_address
 
-__all__ = ["Resolver", "TranscriptDownloadError", "Vet", "download_transcript", "system_resolver"]
+__all__ = [
+    "DEFAULT_MAX_DOWNLOADS",
+    "DEFAULT_MAX_TRANSCRIPT_BYTES",
+    "DEFAULT_QUEUE_S",
+    "DEFAULT_TIMEOUT_S",
+    "Resolver",
+    "TranscriptDownloadError",
+    "TranscriptDownloader",
+    "Vet",
+    "download_transcript",
+    "system_resolver",
+]
+
+DEFAULT_MAX_TRANSCRIPT_BYTES = 20 * 1024 * 1024  # SMARTNUMBERS_MAX_TRANSCRIPT_BYTES
+DEFAULT_TIMEOUT_S = 30.0  # the whole download, from resolving to the last byte
+DEFAULT_MAX_DOWNLOADS = 2  # below the stream client's default event concurrency (4)
+DEFAULT_QUEUE_S = 5.0  # how long a download may wait for a free slot
 
 Resolver = Callable[[str], Awaitable[list[str]]]
 Vet = Callable[..., "str | None"]  # vet(ip, *, allow_loopback: bool) -> None (allowed) or a reason
@@ -101,13 +126,32 @@ def _request_url(parsed: ParsedURL, address: str, port: int) -> str:
     return f"{parsed.scheme}://{netloc}:{port}{parsed.target}"
 
 
+def _invalid_url(parsed: ParsedURL, exc: httpx.InvalidURL) -> TranscriptDownloadError:
+    return TranscriptDownloadError(
+        f"transcript download refused: {parsed.display} is not a URL the HTTP client accepts "
+        f"({_short(exc)}); ask Smartnumbers to resend the event",
+        refused=True,
+    )
+
+
+def _timed_out(parsed: ParsedURL, timeout_s: float) -> TranscriptDownloadError:
+    return TranscriptDownloadError(
+        f"transcript download timed out after {timeout_s:g}s ({parsed.display}); retry later", retryable=True
+    )
+
+
 async def _fetch_from(
-    client: httpx.AsyncClient, parsed: ParsedURL, address: str, port: int, max_bytes: int | None
+    client: httpx.AsyncClient,
+    parsed: ParsedURL,
+    address: str,
+    port: int,
+    max_bytes: int,
+    past_deadline: Callable[[], bool],
+    timeout_s: float,
 ) -> bytes:
-    url = _request_url(parsed, address, port)
-    request = client.build_request(
+    request = client.build_request(  # httpx.InvalidURL here becomes a refusal in `_download`
         "GET",
-        url,
+        _request_url(parsed, address, port),
         headers={"Host": parsed.host_header, "Accept-Encoding": "identity", "User-Agent": USER_AGENT},
         # TLS for the real name: SNI and certificate/hostname verification (httpcore passes it as
         # `server_hostname`). Only meaningful for names; an IP literal host verifies as itself.
@@ -134,30 +178,57 @@ async def _fetch_from(
                 status=status,
             )
         declared = response.headers.get("Content-Length")
-        if (
-            max_bytes is not None
-            and declared is not None
-            and declared.isdigit()
-            and int(declared) > max_bytes
+        if declared is not None and declared.isascii() and declared.isdigit() and (
+            len(declared) > 18 or int(declared) > max_bytes
         ):
             raise _too_big(parsed, max_bytes, status)
-        body = bytearray()
+        # One buffer that grows in place; `getvalue()` hands it over without a second full copy.
+        body = io.BytesIO()
         async for chunk in response.aiter_bytes():
-            body += chunk
-            if max_bytes is not None and len(body) > max_bytes:
+            if body.tell() + len(chunk) > max_bytes:
                 raise _too_big(parsed, max_bytes, status)
-        return bytes(body)
+            body.write(chunk)
+            if past_deadline():  # total time, measured between reads: a trickle cannot reset it
+                raise _timed_out(parsed, timeout_s)
+        return body.getvalue()
     finally:
         await response.aclose()
 
 
 def _too_big(parsed: ParsedURL, max_bytes: int, status: int) -> TranscriptDownloadError:
     return TranscriptDownloadError(
-        f"transcript download stopped: {parsed.display} is larger than {max_bytes} bytes; "
-        "raise the size limit if this transcript is genuine",
+        f"transcript download stopped: {parsed.display} is larger than {max_bytes} bytes "
+        "(SMARTNUMBERS_MAX_TRANSCRIPT_BYTES); raise the limit if this transcript is genuine",
         refused=True,
         status=status,
     )
+
+
+def _check(
+    url: str,
+    *,
+    now: datetime,
+    expires_at: str | None,
+    allowed_hosts: frozenset[str],
+    allow_insecure_local: bool,
+) -> ParsedURL:
+    try:
+        return check_transcript_url(
+            url,
+            now=now,
+            expires_at=expires_at,
+            allowed_hosts=allowed_hosts,
+            allow_insecure_local=allow_insecure_local,
+        )
+    except UnsafeTranscriptURL as exc:
+        raise TranscriptDownloadError(str(exc), refused=True) from None
+
+
+def _check_limits(max_bytes: int, timeout_s: float) -> None:
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+        raise ValueError("max_bytes must be a whole number of bytes, at least 1")
+    if not timeout_s > 0:
+        raise ValueError("timeout_s must be more than 0")
 
 
 async def download_transcript(
@@ -168,11 +239,12 @@ async def download_transcript(
     expires_at: str | None = None,
     allowed_hosts: frozenset[str] = frozenset(),
     allow_insecure_local: bool = False,
-    max_bytes: int | None = None,
-    timeout_s: float = 30.0,
+    max_bytes: int = DEFAULT_MAX_TRANSCRIPT_BYTES,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     verify: ssl.SSLContext | None = None,
     vet: Vet = vet_address,
     connect_port: int | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> bytes:
     """The transcript's bytes, fetched under the SSRF rules (see the module docstring).
 
@@ -180,22 +252,45 @@ async def download_transcript(
     (injectable so tests can admit exactly their loopback server); `verify` is the client SSL
     context (default: the certifi bundle; must verify certificates and hostnames); `connect_port`
     overrides only the TCP port connected to (tests: the server cannot listen on 443) — the URL's
-    port rules, the Host header and TLS name are unchanged. `timeout_s` bounds the whole download.
-    Raises TranscriptDownloadError."""
-    if max_bytes is not None and max_bytes < 0:
-        raise ValueError("max_bytes must be >= 0 or None")
-    try:
-        parsed = check_transcript_url(
-            url,
-            now=now if now is not None else datetime.now(UTC),
-            expires_at=expires_at,
-            allowed_hosts=allowed_hosts,
-            allow_insecure_local=allow_insecure_local,
-        )
-    except UnsafeTranscriptURL as exc:
-        raise TranscriptDownloadError(str(exc), refused=True) from exc
-    ssl_context = _client_ssl_context(verify)
-    port = connect_port if connect_port is not None else parsed.port
+    port rules, the Host header and TLS name are unchanged. `max_bytes` caps the body (declared or
+    counted). `timeout_s` bounds the whole download: on the event loop's timer (a read that never
+    returns) and by `clock` between reads (a host that keeps trickling). Raises
+    TranscriptDownloadError."""
+    _check_limits(max_bytes, timeout_s)
+    parsed = _check(
+        url,
+        now=now if now is not None else datetime.now(UTC),
+        expires_at=expires_at,
+        allowed_hosts=allowed_hosts,
+        allow_insecure_local=allow_insecure_local,
+    )
+    return await _download(
+        parsed,
+        resolver=resolver,
+        vet=vet,
+        ssl_context=_client_ssl_context(verify),
+        port=connect_port if connect_port is not None else parsed.port,
+        max_bytes=max_bytes,
+        timeout_s=timeout_s,
+        clock=clock,
+    )
+
+
+async def _download(
+    parsed: ParsedURL,
+    *,
+    resolver: Resolver,
+    vet: Vet,
+    ssl_context: ssl.SSLContext,
+    port: int,
+    max_bytes: int,
+    timeout_s: float,
+    clock: Callable[[], float],
+) -> bytes:
+    deadline = clock() + timeout_s
+
+    def past_deadline() -> bool:
+        return clock() >= deadline
 
     try:
         async with asyncio.timeout(timeout_s):
@@ -209,8 +304,12 @@ async def download_transcript(
             ) as client:
                 last: TranscriptDownloadError | None = None
                 for address in addresses:  # all vetted; the next one only if this one is unreachable
+                    if past_deadline():
+                        raise _timed_out(parsed, timeout_s)
                     try:
-                        return await _fetch_from(client, parsed, address, port, max_bytes)
+                        return await _fetch_from(
+                            client, parsed, address, port, max_bytes, past_deadline, timeout_s
+                        )
                     except httpx.ConnectError as exc:
                         if _caused_by(exc, ssl.SSLCertVerificationError):
                             raise TranscriptDownloadError(
@@ -225,19 +324,112 @@ async def download_transcript(
                 assert last is not None
                 raise last
     except TimeoutError:
-        raise TranscriptDownloadError(
-            f"transcript download timed out after {timeout_s:g}s ({parsed.display}); retry later",
-            retryable=True,
-        ) from None
+        raise _timed_out(parsed, timeout_s) from None
     except httpx.TimeoutException:
         raise TranscriptDownloadError(
             f"transcript download timed out ({parsed.display}); retry later", retryable=True
         ) from None
+    except httpx.InvalidURL as exc:  # not an HTTPError: it must not escape as an internal error
+        raise _invalid_url(parsed, exc) from None
     except httpx.HTTPError as exc:
         raise TranscriptDownloadError(
             f"transcript download failed: {parsed.display}: {type(exc).__name__} ({_short(exc)}); retry later",
             retryable=True,
         ) from None
+
+
+class TranscriptDownloader:
+    """The listener's download step: `await downloader(url, expires_at)` is the transcript's bytes or
+    a TranscriptDownloadError, under `download_transcript`'s rules and these shared limits:
+
+    - `max_bytes` (SMARTNUMBERS_MAX_TRANSCRIPT_BYTES, default 20 MiB) caps every body;
+    - `timeout_s` bounds each download's total time;
+    - at most `max_concurrent` downloads run at once. Keep it below the stream client's event
+      concurrency: a download holds its event's slot, so slow hosts then hold only some of them and
+      other events (direct transcripts, calls already downloaded) still run. A download that finds
+      every slot taken waits at most `queue_s` for one (0: not at all), then fails as retryable.
+
+    The URL is checked before a slot is taken: a refused link never waits. `clock` measures the
+    deadline between reads; `now` is the wall clock `expires_at` is compared with."""
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int = DEFAULT_MAX_TRANSCRIPT_BYTES,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        max_concurrent: int = DEFAULT_MAX_DOWNLOADS,
+        queue_s: float = DEFAULT_QUEUE_S,
+        allowed_hosts: frozenset[str] = frozenset(),
+        allow_insecure_local: bool = False,
+        resolver: Resolver = system_resolver,
+        vet: Vet = vet_address,
+        verify: ssl.SSLContext | None = None,
+        connect_port: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        _check_limits(max_bytes, timeout_s)
+        if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int) or max_concurrent < 1:
+            raise ValueError("max_concurrent must be a whole number, at least 1")
+        if not queue_s >= 0:
+            raise ValueError("queue_s must be 0 or more")
+        self.max_bytes, self.timeout_s = max_bytes, float(timeout_s)
+        self.max_concurrent, self.queue_s = max_concurrent, float(queue_s)
+        self._allowed_hosts = frozenset(allowed_hosts)
+        self._allow_insecure_local = bool(allow_insecure_local)
+        self._resolver, self._vet, self._connect_port = resolver, vet, connect_port
+        self._ssl_context = _client_ssl_context(verify)
+        self._clock, self._now = clock, now
+        self._slots = asyncio.Semaphore(max_concurrent)
+        self._running = 0
+
+    @property
+    def running(self) -> int:
+        """Downloads holding a slot now."""
+        return self._running
+
+    async def __call__(self, url: str, expires_at: str | None) -> bytes:
+        parsed = _check(
+            url,
+            now=self._now(),
+            expires_at=expires_at,
+            allowed_hosts=self._allowed_hosts,
+            allow_insecure_local=self._allow_insecure_local,
+        )
+        await self._take_slot(parsed)
+        self._running += 1
+        try:
+            return await _download(
+                parsed,
+                resolver=self._resolver,
+                vet=self._vet,
+                ssl_context=self._ssl_context,
+                port=self._connect_port if self._connect_port is not None else parsed.port,
+                max_bytes=self.max_bytes,
+                timeout_s=self.timeout_s,
+                clock=self._clock,
+            )
+        finally:
+            self._running -= 1
+            self._slots.release()
+
+    async def _take_slot(self, parsed: ParsedURL) -> None:
+        if not self._slots.locked():
+            await self._slots.acquire()  # free: returns without waiting
+            return
+        if self.queue_s > 0:
+            try:
+                async with asyncio.timeout(self.queue_s):
+                    await self._slots.acquire()
+                return
+            except TimeoutError:
+                pass
+        waited = f" and none finished within {self.queue_s:g}s" if self.queue_s > 0 else ""
+        raise TranscriptDownloadError(
+            f"transcript download not started ({parsed.display}): {self.max_concurrent} downloads are "
+            f"already running{waited} (slow transcript hosts?); retry later",
+            retryable=True,
+        )
 
 
 def _caused_by(exc: BaseException, kind: type[BaseException]) -> bool:

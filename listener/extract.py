@@ -20,7 +20,11 @@ DEFAULT_TEXT_MODEL = "gpt-4.1-mini"
 
 
 class ExtractionError(RuntimeError):
-    """The model could not be asked or did not answer usably; the message says which (no secrets)."""
+    """The model could not be asked or did not answer usably; the message says which (no secrets),
+    on one line: what the server wrote into it cannot start a line of its own in a log."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))
 
 
 class FactExtractor:

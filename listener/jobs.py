@@ -9,6 +9,7 @@ the short-lived token that lets that one job change callbacks.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -35,9 +36,19 @@ class Job:
     deliver: str  # "" (default channel), "local", "discord:<id>"
     secrets: tuple[str, ...] = ()  # scrubbed from whatever the run reports (an agent may echo its token)
 
+    @property
+    def intent(self) -> str:
+        """The idempotency key its run is started under, the same for every attempt at this slot: a
+        start retried after a crash (between the run being recorded and the ledger hearing of it)
+        finds that run instead of starting a second one."""
+        return "listener-" + hashlib.sha256(self.key.encode()).hexdigest()[:32]
+
 
 class JobStarter(Protocol):
-    """Starts a job as a background run and returns its job id (`run-N`); the service implements it."""
+    """Starts a job as a background run and returns its job id (`run-N`); the service implements it.
+
+    Idempotent on `job.intent`: asked again with the same intent, it returns the run it already
+    started and starts nothing."""
 
     async def start_job(self, job: Job) -> str: ...
 

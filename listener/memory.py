@@ -8,10 +8,14 @@ against the transcript:
 - it cites a turn that exists, with a verbatim quote (at least `MIN_QUOTE` characters) from it;
 - the cited turn is the user speaker's (the local direction mapping decides who that is), or it is
   the other party's and a *later* turn by the user, also quoted verbatim, confirms it;
-- the fact is grounded in its quotes: every number, address or handle in it is quoted, and at
-  least half its content words are (a fact cannot smuggle in what nobody said);
+- the fact is grounded in its quotes: every number, address or handle in it is a whole word of
+  them ("821" is not in "48213"), and at least half its content words are (a fact cannot smuggle
+  in what nobody said);
 - a confirming turn holds no negation ("No, that is not my address" confirms nothing);
 - the fact is a statement, not an instruction ("ignore…", "always…", "send…", "delete…").
+
+Typography never decides: the negation and instruction checks and the word comparisons read text
+after NFKC and with curly apostrophes and quotes made straight ("don’t" is "don't").
 
 Everything else is rejected with a reason (kept in the log, never in memory); unconfirmed caller
 statements stay searchable in the archive. Accepted facts are stored with their provenance and
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -118,8 +123,23 @@ def extraction_messages(transcript: Transcript, user_label: str | None) -> list[
                                         "</transcript>"}]
 
 
+# After NFKC (which already folds fullwidth ＇ and ＂): the apostrophe and quote look-alikes.
+_STRAIGHT = str.maketrans({**dict.fromkeys("\u2018\u2019\u201a\u201b\u2032\u2035\u02bc\u02b9\u0060", "'"),
+                           **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033\u2036\u00ab\u00bb", '"')})
+
+
+def plain(text: str) -> str:
+    """`text` with its typography neutralised: NFKC, then curly apostrophes and quotes straight."""
+    return unicodedata.normalize("NFKC", text).translate(_STRAIGHT)
+
+
 def is_instruction(text: str) -> bool:
+    text = plain(text)
     return bool(_IMPERATIVE_START.search(text) or _INJECTION.search(text))
+
+
+def has_negation(text: str) -> bool:
+    return bool(_NEGATION.search(plain(text)))
 
 
 _WORD = re.compile(r"[\w@.+'-]+", re.UNICODE)
@@ -130,16 +150,18 @@ _NEGATION = re.compile(r"\b(no|not|nope|never|wrong|incorrect|isn't|wasn't|aren'
 
 
 def _words(text: str) -> list[str]:
-    return [w.strip(".'-").casefold() for w in _WORD.findall(text) if w.strip(".'-")]
+    return [w.strip(".'-").casefold() for w in _WORD.findall(plain(text)) if w.strip(".'-")]
 
 
 def grounded(fact: str, quotes: str) -> bool:
     """The fact says what its quotes say: every number, address or handle in it (anything with a digit
-    or an @) is in them, and at least half its content words are (compared on their first 5 letters)."""
-    quoted = _norm(quotes)
-    said = {w[:5] for w in _words(quotes)}
+    or an @) is a whole word of them, and at least half its content words are (compared on their first
+    5 letters)."""
+    quoted_words = _words(quotes)
+    said = {w[:5] for w in quoted_words}
+    whole = set(quoted_words)
     words = _words(fact)
-    if any(w not in quoted for w in words if any(c.isdigit() for c in w) or "@" in w):
+    if any(w not in whole for w in words if any(c.isdigit() for c in w) or "@" in w):
         return False
     content = [w for w in words if len(w) >= 4 and w not in _STOP and not any(c.isdigit() for c in w)]
     return not content or sum(w[:5] in said for w in content) * 2 >= len(content)
@@ -205,7 +227,7 @@ def validate(answer: Any, transcript: Transcript, user_label: str | None) -> Che
                 if not _quoted(proposal.get("confirmation_quote"), later.text, MIN_CONFIRMATION):
                     reject(proposal, "the confirmation quote is not in the confirming turn")
                     continue
-                if _NEGATION.search(later.text):
+                if has_negation(later.text):
                     reject(proposal, "the confirming turn holds a negation: it may disagree")
                     continue
                 confirmation = later.index

@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a long call holds tens of thousands of these
 class Turn:
-    """One turn: its 0-based position, the speaker's label as written (`TO`, `FROM`, a participant
-    id), its text (lines joined with "\\n", stripped), times in seconds when given, and the source's
-    own turn id when it has one."""
+    """One turn: its 0-based position, the speaker's label (`TO`, `FROM` as written; a JSON speaker
+    given as a participant id is that participant's label), its text (lines joined with "\\n",
+    stripped), times in seconds when given, and the source's own turn id when it has one."""
 
     index: int
     speaker: str
@@ -33,6 +33,9 @@ class Transcript:
     from_number: str | None = None
     to_number: str | None = None
     participants: dict[str, str] = field(default_factory=dict)  # id -> label, JSON transcripts only
+    # Optional fields the parser could not read and dropped (one line each, where and why); the
+    # call itself is kept. Not stored: the archive keeps the raw transcript.
+    dropped: tuple[str, ...] = field(default=(), compare=False)
 
     def user_turns(self, user_label: str) -> tuple[Turn, ...]:
         return tuple(t for t in self.turns if t.speaker == user_label)

@@ -3,18 +3,26 @@
 The transcript is archived (committed) before anything is acknowledged or dispatched. After that,
 two things happen side by side: durable-fact memory (one model request, validated in code) and the
 jobs — the review, each enabled callback, each named command — each claimed in the execution
-ledger under a stable key before it starts, so a replayed event finds the same archived call and
-the same jobs and starts nothing twice. A step that failed (a model down, a runs service that
-refused, a card Discord would not take) is retried by the next delivery of the event, and only
-that step. Then the call card is posted once, naming the jobs (one not started yet says so; its
-result still goes under the card when a later delivery starts it). Who the user is comes from the
-local direction mapping, never from the payload.
+ledger (`listener.archive.ExecutionLedger`) under a stable key before it starts, so a replayed event
+finds the same archived call and the same jobs and starts nothing twice. A step that failed (a model
+down, a runs service that refused, a card Discord would not take) is retried by the next delivery of
+the event, and only that step. Then the call card is posted once, naming the jobs (one not started
+yet says so; its result still goes under the card when a later delivery starts it). Who the user is
+comes from the local direction mapping, never from the payload.
+
+Several listeners may share the store and be offered the same event. A claim records who holds it:
+a job slot another live process is starting (or a call's facts or card it is working on) is waited
+for, briefly, and otherwise reported as not done yet; one whose owner is gone is taken again, and its
+start asks for the same run (`Job.intent`), so a crash between recording a run and the ledger
+hearing of it never starts a second one. An ack says success only when every job of its call has a
+run. `resume()`, at start, dispatches what a crash left without a run.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import time
@@ -22,20 +30,22 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .archive import Archive
+from .archive import Archive, Claim, ExecutionLedger, process_alive
 from .callbacks import Callbacks, MutationTokens
-from .commands import find_commands
+from .commands import CallCommand, find_commands
 from .download import TranscriptDownloadError
 from .extract import ExtractionError, FactExtractor
 from .jobs import Job, JobStarter, about_callbacks, callback_job, command_job, review_job
 from .memory import Memory, validate
 from .model import Transcript, user_label_for
+from .text import quote_untrusted
 from .transcript import TranscriptError, parse_transcript
 
 log = logging.getLogger(__name__)
 
 Download = Callable[[str, str | None], Awaitable[bytes]]
-STALE_CLAIM_S = 600.0  # a claim with no job this old was left by a crash mid-start: it may be taken again
+HELD_POLL_S = 0.2  # how often a delivery looks again at a claim another process holds…
+HELD_POLLS = 50  # …and how many times, before its ack says that step is not done yet
 
 
 @dataclass(frozen=True)
@@ -65,8 +75,14 @@ class TranscriptPipeline:
     def __init__(self, archive: Archive, *, download: Download, jobs: JobStarter | None, agent_name: str,
                  aliases: Sequence[str] = (), inbound_user: str = "TO", outbound_user: str = "FROM",
                  extractor: FactExtractor | None = None, notifier: CallNotifier | None = None,
-                 auto_review: bool = True, clock: Callable[[], float] = time.time) -> None:
+                 auto_review: bool = True, clock: Callable[[], float] = time.time, owner: str | None = None,
+                 alive: Callable[[str], bool] = process_alive,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """`owner` names this process on the claims it takes, and `alive(owner)` says whether another
+        claim's owner still runs (default: a process of this host by that pid)."""
         self.archive = archive
+        self.ledger = ExecutionLedger(archive.db, owner=owner, alive=alive, clock=clock)
+        self._sleep = sleep
         self.callbacks = Callbacks(archive.db, clock=clock)
         self.tokens = MutationTokens(archive.db, clock=clock)
         self.memory = Memory(archive.db, clock=clock)
@@ -113,6 +129,11 @@ class TranscriptPipeline:
             except TranscriptDownloadError as exc:
                 return failed("download", str(exc))
             stages["download"] = "ok"
+        if isinstance(raw, bytes):  # decoded once: the bytes and the text are never both kept
+            try:
+                raw = raw.decode("utf-8-sig")
+            except UnicodeDecodeError:
+                return failed("parse", "the transcript is not UTF-8 text")
         try:
             transcript = parse_transcript(raw, conversation_id=conversation_id,
                                           metadata={**metadata, "source": event.get("source") or ""})
@@ -121,8 +142,7 @@ class TranscriptPipeline:
         stages["parse"] = "ok"
         user_label = user_label_for(transcript.direction, inbound=self._labels["inbound"],
                                     outbound=self._labels["outbound"])
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw if isinstance(raw, str) \
-            else json.dumps(raw)
+        text = raw if isinstance(raw, str) else json.dumps(raw)
         async with self._conversation(conversation_id):  # two deliveries of one call never interleave
             archived = await self.archive.archive(transcript, text, received_at=self._clock(), user_label=user_label)
             stages["archive"] = "ok" if archived.created else "already archived"
@@ -136,12 +156,36 @@ class TranscriptPipeline:
                 if isinstance(outcome, BaseException):
                     if isinstance(outcome, asyncio.CancelledError):
                         raise outcome
-                    log.error("call %s: the %s step failed", conversation_id, stage, exc_info=outcome)
+                    log.error("call %s: the %s step failed: %s", quote_untrusted(conversation_id), stage,
+                              quote_untrusted(f"{type(outcome).__name__}: {outcome}", 300))
+                    log.debug("call %s: the %s step's traceback", quote_untrusted(conversation_id), stage,
+                              exc_info=outcome)
                     stages[stage] = "error"
                     errors.append({"stage": stage, "message": f"{type(outcome).__name__}: {outcome}"[:300]})
             job_ids = await self.job_ids(tid)
             await self._card(transcript, tid, stages, errors)
         return ack(job_ids)
+
+    async def resume(self) -> dict[str, list[str]]:
+        """When the listener starts: each archived call with a job that has no run — a start a crash
+        cut short, or one that failed and whose event never came again — gets its jobs dispatched
+        again (only those: a job with a run is never started twice). Returns each such call's
+        conversation id with the job ids it has now; failures are logged, as the ack would say."""
+        rows = await self.archive.db.fetchall(
+            "SELECT DISTINCT transcript_id FROM listener_jobs WHERE job_id IS NULL AND state IN ('claimed', 'error') "
+            "ORDER BY transcript_id")
+        resumed: dict[str, list[str]] = {}
+        for row in rows:
+            transcript, user_label = await self.archive.load(row["transcript_id"])
+            stages: dict[str, str] = {}
+            errors: list[dict[str, str]] = []
+            async with self._conversation(transcript.conversation_id):
+                await self._dispatch_all(transcript, row["transcript_id"], user_label, stages, errors)
+            for error in errors:
+                log.warning("call %s: %s still not started: %s", quote_untrusted(transcript.conversation_id), error["stage"],
+                            error["message"])
+            resumed[transcript.conversation_id] = await self.job_ids(row["transcript_id"])
+        return resumed
 
     @contextlib.asynccontextmanager
     async def _conversation(self, conversation_id: str) -> AsyncIterator[None]:
@@ -156,22 +200,49 @@ class TranscriptPipeline:
                 del self._locks[conversation_id]
 
     async def job_ids(self, transcript_id: int) -> list[str]:
-        rows = await self.archive.db.fetchall(
-            "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL ORDER BY rowid",
-            (transcript_id,))
-        return [row["job_id"] for row in rows]
+        """Every job of the call that truly started (its run exists)."""
+        return await self.ledger.job_ids(transcript_id)
+
+    async def _claim(self, take: Callable[[], Awaitable[Claim]]) -> Claim:
+        """Take a claim; while another live process holds it, look again (bounded) until it is done
+        or given up. A claim still held after that is reported as not done (the ack says so)."""
+        claim = await take()
+        for _ in range(HELD_POLLS):
+            if claim.won or claim.done:
+                break
+            await self._sleep(HELD_POLL_S)
+            claim = await take()
+        return claim
+
+    async def _release(self, tid: int, step: str) -> None:
+        await asyncio.shield(self.ledger.release_step(tid, step))
 
     # -- memory ------------------------------------------------------------------------------------
 
     async def _remember(self, transcript: Transcript, tid: int, user_label: str | None, stages: dict[str, str],
                         errors: list[dict[str, str]]) -> None:
-        row = await self.archive.db.fetchone("SELECT memory_status FROM transcripts WHERE id = ?", (tid,))
-        if row is not None and row["memory_status"] == "done":
+        if self._extractor is None:  # nothing to learn with: nothing to claim
+            row = await self.archive.db.fetchone("SELECT memory_status FROM transcripts WHERE id = ?", (tid,))
+            stages["memory"] = "already done" if row is not None and row["memory_status"] == "done" else \
+                "skipped (no text model configured)"
+            return
+        claim = await self._claim(lambda: self.ledger.claim_step(tid, "memory"))
+        if claim.done:
             stages["memory"] = "already done"
             return
-        if self._extractor is None:
-            stages["memory"] = "skipped (no text model configured)"
+        if not claim.won:
+            stages["memory"] = "error"
+            errors.append({"stage": "memory", "message": "another Switchboard process is still learning from this "
+                                                         "call; the next delivery reports it"})
             return
+        try:
+            await self._learn(transcript, tid, user_label, stages, errors)
+        finally:
+            await self._release(tid, "memory")
+
+    async def _learn(self, transcript: Transcript, tid: int, user_label: str | None, stages: dict[str, str],
+                     errors: list[dict[str, str]]) -> None:
+        assert self._extractor is not None
         if user_label is None:
             stages["memory"] = "skipped (direction unknown: nobody in the call is the user)"
             await self.memory.save(tid, ())
@@ -187,7 +258,7 @@ class TranscriptPipeline:
             errors.append({"stage": "memory", "message": message[:300]})
             return
         for rejected in checked.rejected:
-            log.info("call %s: fact not kept (%s)", transcript.conversation_id, rejected.reason)
+            log.info("call %s: fact not kept (%s)", quote_untrusted(transcript.conversation_id), rejected.reason)
         added = await self.memory.save(tid, checked.accepted)
         stages["memory"] = f"{added} fact{'s' * (added != 1)} kept, {len(checked.rejected)} rejected"
 
@@ -198,8 +269,7 @@ class TranscriptPipeline:
         review_started = callbacks_started = 0
         review_seen = False
         callbacks_seen = 0
-        row = await self.archive.db.fetchone("SELECT received_at FROM transcripts WHERE id = ?", (tid,))
-        for callback in await self.callbacks.due(auto_review=self._auto_review, received_at=float(row["received_at"])):
+        for callback in await self.callbacks.due_for_call(tid, auto_review=self._auto_review):
             job = (review_job if callback.is_review else callback_job)(callback, transcript, user_label)
             outcome = await self._dispatch(job, tid, errors, f"{job.kind} {callback.id}")
             if callback.is_review:
@@ -222,65 +292,56 @@ class TranscriptPipeline:
                                  aliases=self._aliases)
         started = 0
         for command in commands:
-            token = None
-            if self._jobs is not None and about_callbacks(command.text) and not await self._claimed_done(command.dedupe_key):
-                token = await self.tokens.issue(command.dedupe_key)
-            outcome = await self._dispatch(command_job(command, transcript, user_label, token), tid, errors,
-                                           f"turn {command.turn_index + 1}'s command")
-            if outcome != "started" and token is not None:
-                await self.tokens.revoke(command.dedupe_key)
+            prepare = None
+            if about_callbacks(command.text):
+                prepare = functools.partial(self._with_token, command, transcript, user_label)
+            outcome = await self._dispatch(command_job(command, transcript, user_label, None), tid, errors,
+                                           f"turn {command.turn_index + 1}'s command", prepare)
             started += outcome == "started"
         stages["commands"] = "error" if any(e["stage"] == "command" for e in errors) else \
             f"{len(commands)} found, {started} started"
 
-    async def _dispatch(self, job: Job, tid: int, errors: list[dict[str, str]], what: str) -> str:
-        if not await self._claim(job, tid):
-            return "known"  # a replay, or a revised transcript: this slot already has its job
-        if self._jobs is None:
-            await self._settle(job.key, None, "skipped", "no job runner in this process")
-            return "skipped"
+    async def _with_token(self, command: CallCommand, transcript: Transcript, user_label: str | None) -> Job:
+        """The command's job with a fresh token — issued only once this delivery holds the slot, so a
+        token exists only for a start that is really being made."""
+        return command_job(command, transcript, user_label, await self.tokens.issue(command.dedupe_key))
+
+    async def _dispatch(self, job: Job, tid: int, errors: list[dict[str, str]], what: str,
+                        prepare: Callable[[], Awaitable[Job]] | None = None) -> str:
+        """Claim the job's slot and start it: "started", "known" (it has its run), or "error" (added
+        to `errors`: it could not start, or another process is still starting it)."""
+        if self._jobs is None:  # nothing claimed: a process that can start jobs takes the slot later
+            errors.append({"stage": job.kind, "message": f"{what}: not started (no job runner in this process)"})
+            return "error"
+        claim = await self._claim(lambda: self.ledger.claim_job(key=job.key, transcript_id=tid, kind=job.kind,
+                                                                label=job.label, deliver=job.deliver))
+        if claim.done:
+            return "known"  # a replay, or a revised transcript: this slot already has its run
+        if not claim.won:
+            errors.append({"stage": job.kind, "message": f"{what}: another Switchboard process is still starting "
+                                                         "it; the next delivery reports its run"})
+            return "error"
         try:
+            if prepare is not None:
+                job = await prepare()
             job_id = await self._jobs.start_job(job)
-        except Exception as exc:  # the claim stays in `error`: a retry of the event may take it again
-            await self._settle(job.key, None, "error", f"{type(exc).__name__}: {exc}")
+        except Exception as exc:  # the slot is released: a retry of the event may take it again
+            await self.ledger.failed(job.key, f"{type(exc).__name__}: {exc}")
+            if prepare is not None:
+                await self.tokens.revoke(job.key)
             errors.append({"stage": job.kind, "message": f"{what}: could not start it ({exc})"[:300]})
             return "error"
-        except BaseException:  # cancelled (shutting down) mid-start: leave the slot retryable
-            await asyncio.shield(self._settle(job.key, None, "error", "interrupted while starting"))
+        except BaseException:  # cancelled (shutting down) mid-start: the next delivery retries it, same intent
+            await asyncio.shield(self.ledger.failed(job.key, "interrupted while starting"))
             raise
-        await self._settle(job.key, job_id, "started", "")
+        await self.ledger.started(job.key, job_id)
         return "started"
 
-    async def _claimed_done(self, key: str) -> bool:
-        row = await self.archive.db.fetchone("SELECT state FROM listener_jobs WHERE dedupe_key = ?", (key,))
-        return row is not None and row["state"] != "error"
-
-    async def _claim(self, job: Job, tid: int) -> bool:
-        """Atomically claim a job slot; an `error` claim may be taken again (a retry)."""
-        async with self.archive.db.transaction() as conn:
-            async with conn.execute("SELECT state, job_id, created_at FROM listener_jobs WHERE dedupe_key = ?",
-                                    (job.key,)) as cursor:
-                row = await cursor.fetchone()
-            if row is None:
-                await conn.execute("INSERT INTO listener_jobs (dedupe_key, transcript_id, kind, label, deliver, "
-                                   "created_at) VALUES (?, ?, ?, ?, ?, ?)",
-                                   (job.key, tid, job.kind, job.label[:200], job.deliver, self._clock()))
-                return True
-            stale = row[0] == "claimed" and row[1] is None and row[2] < self._clock() - STALE_CLAIM_S
-            if row[0] == "error" or stale:  # a failed start, or one a crash left half-done
-                await conn.execute("UPDATE listener_jobs SET state = 'claimed', created_at = ? WHERE dedupe_key = ?",
-                                   (self._clock(), job.key))
-                return True
-            return False
-
-    async def _settle(self, key: str, job_id: str | None, state: str, detail: str) -> None:
-        async with self.archive.db.transaction() as conn:
-            await conn.execute("UPDATE listener_jobs SET job_id = ?, state = ?, detail = ? WHERE dedupe_key = ?",
-                               (job_id, state, detail[:300], key))
-
     async def _review_status(self, tid: int, status: str) -> None:
+        # never over a review that has already landed (a quick run can be delivered before this line)
         async with self.archive.db.transaction() as conn:
-            await conn.execute("UPDATE transcripts SET review_status = ? WHERE id = ?", (status, tid))
+            await conn.execute("UPDATE transcripts SET review_status = ? WHERE id = ? AND review_status NOT IN "
+                               "('done', 'failed')", (status, tid))
 
     # -- the call card -----------------------------------------------------------------------------
 
@@ -288,10 +349,23 @@ class TranscriptPipeline:
                     errors: list[dict[str, str]]) -> None:
         if self._notifier is None:
             return
-        row = await self.archive.db.fetchone("SELECT card, received_at FROM transcripts WHERE id = ?", (tid,))
-        if row is not None and row["card"]:
+        claim = await self._claim(lambda: self.ledger.claim_step(tid, "card"))
+        if claim.done:
             stages["post"] = "already posted"
             return
+        if not claim.won:
+            stages["post"] = "error"
+            errors.append({"stage": "post", "message": "another Switchboard process is still posting the call "
+                                                       "card; the next delivery reports it"})
+            return
+        try:
+            await self._post_card(transcript, tid, stages, errors)
+        finally:
+            await self._release(tid, "card")
+
+    async def _post_card(self, transcript: Transcript, tid: int, stages: dict[str, str],
+                         errors: list[dict[str, str]]) -> None:
+        row = await self.archive.db.fetchone("SELECT received_at FROM transcripts WHERE id = ?", (tid,))
         # Every job slot, started or not: one that could not start yet is named as such (the next
         # delivery retries it, and its result still goes under this card).
         jobs = await self.archive.db.fetchall(
@@ -308,11 +382,10 @@ class TranscriptPipeline:
         try:
             reference = await self._notifier.post_card(card)
         except Exception as exc:  # the next delivery of the event posts it again
-            log.warning("call %s: the call card was not posted: %s", transcript.conversation_id, exc)
+            log.warning("call %s: the call card was not posted: %s", quote_untrusted(transcript.conversation_id),
+                        quote_untrusted(str(exc), 300))
             stages["post"] = "error"
             errors.append({"stage": "post", "message": f"the call card was not posted ({exc})"[:300]})
             return
-        async with self.archive.db.transaction() as conn:  # the notifier may have recorded it already
-            await conn.execute("UPDATE transcripts SET card = COALESCE(card, ?) WHERE id = ?", (reference or "posted",
-                                                                                              tid))
+        await self.ledger.card_posted(tid, reference or "posted")  # the notifier may have recorded it already
         stages["post"] = "ok"

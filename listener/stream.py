@@ -8,9 +8,14 @@ Rules (`smartnumbers.md`, "Connection", "Events", "Acknowledgement"):
   (127.0.0.0/8, ::1 and its IPv4-mapped forms, `localhost`) — the host must still be approved.
 - The key is read from its callable before every connect (a rotated key works without a restart) and
   goes only into the upgrade request, `Authorization: Bearer <key>`. It is never put in a message or
-  a log line; websockets' own debug logging (which prints request headers) is switched off for this
-  connection. Redirects are not followed and proxy environment variables are ignored, so the key
-  only ever travels to the approved host.
+  a log line: an exception whose text carries it (a server echoing the header back) has it replaced
+  in every form it can take there (as sent, percent- or plus-encoded, `repr`/JSON-escaped, with its
+  spaces collapsed); websockets' own debug logging (which prints request headers) is switched off
+  for this connection. Redirects are not followed and proxy environment variables are ignored, so
+  the key only ever travels to the approved host.
+- Ids, types and close reasons from the server or an event are untrusted: every log line shows them
+  through `listener.text.quote_untrusted` (one quoted, printable token). A handler that raises is
+  one ERROR line naming the event; its traceback goes to DEBUG only, as one quoted line.
 - After connecting the client sends `hello`; websockets pings keep the connection alive; frames over
   `max_message_bytes` make websockets close with 1009, which is logged and followed by a reconnect.
 - The receive loop never waits for a handler: each `transcript_url` event (and each direct
@@ -39,15 +44,17 @@ import json
 import logging
 import random
 import time
+import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, quote_plus, urlsplit
 
 from websockets.asyncio.client import connect as _ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from listener.addresses import FORBIDDEN_URL_CHARS, HostError, host_of, is_loopback_target
+from listener.text import quote_untrusted
 
 __all__ = [
     "KEY_VARIABLE",
@@ -177,16 +184,32 @@ def full_jitter(delay: float) -> float:
     return random.uniform(0.0, delay)
 
 
+REDACTED = "<redacted>"
+
+
+def _key_forms(key: str) -> list[str]:
+    """Every way the key can show up in an exception's text: as sent, inside a URL (percent- or
+    plus-encoded), escaped by `repr` or JSON, with its whitespace runs collapsed; longest first."""
+    forms = {key, " ".join(key.split()), quote(key, safe=""), quote_plus(key), repr(key)[1:-1], json.dumps(key)[1:-1]}
+    return sorted((f for f in forms if f), key=len, reverse=True)
+
+
 def _redact(text: str, key: str | None) -> str:
-    line = " ".join(str(text).split())
-    if key:
-        line = line.replace(key, "<redacted>")
+    """One line for a log or `last_error`: the key (in every form `_key_forms` knows) replaced,
+    whitespace collapsed, at most 300 characters."""
+    line = str(text)
+    forms = _key_forms(key) if key else []
+    for form in forms:
+        line = line.replace(form, REDACTED)
+    line = " ".join(line.split())
+    for form in forms:  # a form that only appears once whitespace is collapsed
+        line = line.replace(form, REDACTED)
     return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+    """A value from the server or an event (an id, a type, a close reason) for a log line."""
+    return quote_untrusted(value, 80)
 
 
 class _NoDebug(logging.LoggerAdapter):
@@ -533,10 +556,14 @@ class StreamClient:
                 raise
             except Exception as exc:
                 self._stats.handler_errors += 1
+                # One line (the ids quoted: they are the caller's); the traceback only at DEBUG.
                 self._log.error(
-                    "stream: handling event %s failed: %s", _short(event.get("event_id")), type(exc).__name__,
-                    exc_info=True,
+                    "stream: handling event %s (call %s) failed: %s; acked as an internal error",
+                    _short(event.get("event_id")), _short(event.get("conversation_id")), type(exc).__name__,
                 )
+                if self._log.isEnabledFor(logging.DEBUG):  # its text may carry the caller's words: one line
+                    trace = "".join(traceback.format_exception(exc))
+                    self._log.debug("stream: the handler's traceback: %s", quote_untrusted(trace[-4000:], 4000))
                 return self._failure(event, type(exc).__name__)
         if not isinstance(result, dict):
             self._stats.handler_errors += 1

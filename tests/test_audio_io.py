@@ -190,6 +190,23 @@ def test_a_file_cut_short_after_its_header_was_written_is_read_and_says_so(tmp_p
     assert FileTransport(path, tmp_path / "out.wav").input_warning is None
 
 
+def test_a_streamed_wav_whose_sizes_say_unknown_is_read_to_the_end_quietly(tmp_path):
+    """What `ffmpeg … -f wav -` or `arecord` into a pipe writes: RIFF and data sizes 0xFFFFFFFF
+    ("unknown"), since a pipe cannot be rewound to fill them in."""
+    from voice.call.transports.file import FileTransport
+
+    path = write_wav(tmp_path / "streamed.wav", tone(200.0, 700, 16_000), 16_000, 2)
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<I", raw, 4, 0xFFFFFFFF)
+    struct.pack_into("<I", raw, 40, 0xFFFFFFFF)
+    path.write_bytes(bytes(raw))
+    with WavReader(path) as reader:
+        assert (reader.format.frames, reader.format.claimed_frames, reader.format.cut_short) == (11_200, None, False)
+    samples, rate = read_wav(path)
+    assert samples.shape == (11_200, 1) and rate == 16_000
+    assert FileTransport(path, tmp_path / "out.wav").input_warning is None  # not "cut short"
+
+
 # -- writing -------------------------------------------------------------------------------------
 
 

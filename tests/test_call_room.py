@@ -302,3 +302,14 @@ def test_speech_that_started_before_the_answer_never_interrupts_it():
     speaker.playing, speaker.played["a1"] = True, 100
     more = play(core, clock, [{BOB}] * 10)  # Bob was already talking when the answer started
     assert not any(isinstance(a, (PausePlayback, StopPlayback)) for a in more)
+
+
+def test_a_commit_the_provider_never_confirms_does_not_shift_the_next_turns_words_onto_it():
+    core, _ = addressed_room(transcript_wait_s=2.0)
+    clock = Clock()
+    play(core, clock, [{ALICE}] * 20 + quiet())  # Alice's commit is refused: no item, no transcription
+    play(core, clock, [{BOB}] * 20 + quiet())
+    core.tick(core.wake_at())  # her turn is left unanswered; Bob's is committed
+    out = committed(core, "item_bob", "Ares, start the audit", clock)
+    assert len(creates(out)) == 1  # Bob's own words answer Bob's turn
+    assert origin_of(answer(core, "r1", out, clock, tool=True)) == frozenset({BOB})

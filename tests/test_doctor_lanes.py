@@ -6,6 +6,8 @@ import asyncio
 import shlex
 import sys
 
+import discord
+
 from bot import doctor
 from bot.settings import check_settings
 from tests.support.fake_hermes import FakeHermes
@@ -61,9 +63,11 @@ def test_the_invite_url_comes_from_the_token_with_exactly_the_permissions_needed
     token = base64.b64encode(b"1577111991095394304").decode().rstrip("=") + ".GxYz12.s3cr3t-part-never-shown"
     rows = discord_rows({"DISCORD_BOT_TOKEN": token})
     assert rows["discord"].status == "ok" and "s3cr3t" not in rows["discord"].detail
+    needed = discord.Permissions(view_channel=True, send_messages=True, embed_links=True, connect=True, speak=True,
+                                 create_public_threads=True, send_messages_in_threads=True,  # live captions
+                                 read_message_history=True)  # replies under call cards (else error 160002)
     assert ("https://discord.com/oauth2/authorize?client_id=1577111991095394304&scope=bot%20applications.commands"
-            "&permissions=309240810496") in rows["discord"].detail  # view, send, embed links, connect, speak,
-    # create public threads and send messages in threads (live captions)
+            f"&permissions={needed.value}") in rows["discord"].detail and needed.value == 309240876032
     assert rows["runs channel"].status == "warn"
     assert discord_rows({})["discord"].status == "warn"
     assert discord_rows({"DISCORD_BOT_TOKEN": "not-a-token"})["discord"].status == "warn"

@@ -390,3 +390,21 @@ async def test_every_gate_decision_and_tool_failure_is_logged_under_the_calls_id
     assert refused[0].getMessage().startswith(f"[call {call_id}]") and "speakers 42" in refused[0].getMessage()
     failed = [r for r in caplog.records if "tool boom failed" in r.getMessage()]
     assert failed and failed[0].getMessage().startswith(f"[call {call_id}]") and failed[0].call_id == call_id
+
+
+async def test_stop_during_a_stalled_handshake_ends_the_call_at_once_and_says_nothing_undelivered():
+    attempts: list[asyncio.Future] = []
+
+    async def never_answers(url: str, headers: dict[str, str]):  # accepts TCP, never upgrades
+        attempts.append(asyncio.get_running_loop().create_future())
+        await attempts[-1]
+
+    engine = CallEngine(OpenAIRealtime(KEY, "gpt-realtime-2.1-mini", "marin", url="ws://127.0.0.1:9/v1/realtime"),
+                        VirtualTransport(), ToolCatalogue(), Identity("test"), connector=never_answers)
+    call = asyncio.create_task(engine.run())
+    while not attempts:
+        await asyncio.sleep(0)
+    announced = asyncio.create_task(engine.announce("run 1 finished"))
+    engine.stop()
+    await asyncio.wait_for(call, 2)  # not the 15 s handshake timeout
+    assert attempts[0].cancelled() and await asyncio.wait_for(announced, 2) is False

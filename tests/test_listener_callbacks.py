@@ -202,3 +202,20 @@ async def test_a_redelivered_call_never_runs_a_callback_registered_after_it_arri
     replay = await pipeline.handle({**event, "event_id": "evt_1_again"})
     assert replay["stages"]["archive"] == "already archived"
     assert [j.label for j in jobs.started] == ["Early"] and replay["job_ids"] == first["job_ids"]
+
+
+async def test_two_stores_changing_one_callback_at_once_keep_both_changes_and_both_succeed(tmp_path):
+    import asyncio
+
+    first, second = await open_store(tmp_path, LISTENER_MIGRATIONS), await open_store(tmp_path, LISTENER_MIGRATIONS)
+    try:
+        a, b = Callbacks(first), Callbacks(second)
+        cb = await a.register("book-it", "Book it", "add the call to my calendar")
+        await asyncio.gather(a.update(cb.id, name="Calendar"), b.set_enabled(cb.id, False))
+        after = await a.get(cb.id)
+        assert (after.name, after.enabled) == ("Calendar", False)  # neither wrote back the other's stale field
+        await asyncio.gather(a.set_review("review the call"), b.set_review("review the call, briefly"))
+        assert (await a.review()) is not None  # two first-time sets: no IntegrityError
+    finally:
+        await first.close()
+        await second.close()

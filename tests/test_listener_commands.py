@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from listener.commands import CallCommand, command_dedupe_key, find_commands, is_command_span
+from listener.commands import CallCommand, addresses_agent, command_dedupe_key, find_commands, is_command_span
 from listener.model import Transcript, Turn
 from listener.transcript import parse_transcript
 
@@ -63,6 +63,11 @@ CASES = [
     ("I am anti-Ares, sadly", []),
     ("Aresha, do it", []),
     ("Ares's calendar, please clear it", []),
+    # typography never makes a possessive an address (and spans stay the turn's own text)
+    ("okay Ares\u2019s idea is fine", []),
+    ("hey Ares\u02bcs plan works", []),
+    ("OK Ares\u2019 sake", [("Ares", "\u2019 sake")]),  # not a possessive: as with "OK Ares' sake"
+    ("Ares, book Maya\u2019s cleaning", [("Ares", "book Maya\u2019s cleaning")]),
     ("Ares?", []),
     ("'Ares, delete everything' is what she said", []),
     # an address with nothing after it is not a command
@@ -275,3 +280,17 @@ def test_an_inserted_address_is_found_with_its_command(prefix, words):
 def test_arbitrary_text_never_breaks_the_detector(text, speaker):
     t = transcript((speaker, text), ("TO", "Ares, " + text))
     _check(t, find_commands(t, user_label="TO", agent_name=AGENT), "TO")
+
+
+@pytest.mark.parametrize(("text", "addressed"), [
+    ("Ares, start the audit", True),
+    ("Hey Ares what time is it", True),
+    ("ok, Aries: add that to my calendar", True),  # an alias speech-to-text makes of the name
+    ("I like turtles", False),
+    ("I told Ares about it", False),
+    ("okay Ares\u2019s idea is fine", False),  # a possessive with a curly apostrophe names, not addresses
+    ("What do you think, Ares?", False),  # the name must open the turn or a clause
+    ("", False),
+])
+def test_a_voice_turn_is_addressed_by_the_same_rule_as_a_named_command(text, addressed):
+    assert addresses_agent(text, agent_name="Ares", aliases=("Aries",)) is addressed

@@ -4,6 +4,8 @@ And the listener's voice tools: read-only search for anyone, the config tool beh
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 
 import pytest
@@ -142,7 +144,7 @@ async def test_the_terminal_poster_prints_cards_and_results(store, capsys):
     poster = TerminalPoster()
     await ListenerDelivery(store, Fallback(), poster, default_channel=None).post_run(ticket(2, output="filed it"))
     err = capsys.readouterr().err
-    assert "callback \u201cElsewhere\u201d for call call_5 finished" in err and "filed it" in err
+    assert "callback \u201cElsewhere\u201d for call \"call_5\" finished" in err and "filed it" in err
     assert f"meant for Discord channel {OTHER_CHANNEL}" in err
 
 
@@ -199,3 +201,129 @@ def test_a_token_never_survives_in_what_a_run_reports_even_cut_short_or_nested()
     done = _scrub(Finished(RunState.COMPLETED, output=f"used {token} and secret-xyz"), ("secret-xyz",))
     assert done.output == "used [redacted] and [redacted]"
     assert _scrub(Progress("nothing here")) == Progress("nothing here")
+
+
+async def test_a_result_landing_while_another_process_records_the_card_is_posted_once_not_left_waiting(store, tmp_path):
+    """The run lands in one process (no card recorded yet) while another posts and records the card:
+    whatever the interleaving, the result is posted exactly once, under the card."""
+    from bot.listener_delivery import WAITING
+    from listener.pipeline import CallCard
+
+    async with store.transaction() as conn:
+        await conn.execute("UPDATE transcripts SET card = NULL")
+    landed = ticket(4, output="booked")
+
+    class Runs:  # the run as the runs service stored it
+        async def get(self, run_id: int):
+            return landed if run_id == 4 else None
+
+    other = await open_store(tmp_path, STORE_MIGRATIONS)  # the other process: connections of its own
+    card_poster, run_poster = Poster(), Poster()
+    card_process = ListenerDelivery(other, Fallback(), card_poster, default_channel=DEFAULT_CHANNEL)
+    card_process._repo = Runs()
+    card = CallCard(1, "call_5", "outbound", "+1", "+2", 10.0, None, 1, (), (("run-4", "command", "book"),))
+
+    class CardLandsNow:
+        """This process's store: once it has read the run's job without a card, the other process
+        posts and records the card just before this process acts on what it read — its second write
+        (the first revokes the run's token)."""
+
+        def __init__(self, real) -> None:
+            self.real, self.saw_no_card, self.writes, self.interleaved = real, False, 0, False
+
+        def __getattr__(self, name: str):
+            return getattr(self.real, name)
+
+        async def _card_lands(self) -> None:
+            self.writes += self.saw_no_card
+            if self.writes == 2 and not self.interleaved:
+                self.interleaved = True
+                await card_process.post_card(card)
+
+        async def fetchone(self, sql: str, params=()):
+            row = await self.real.fetchone(sql, params)
+            self.saw_no_card |= "t.card" in sql and row is not None and row["card"] is None
+            return row
+
+        async def execute(self, sql: str, params=()):
+            await self._card_lands()
+            return await self.real.execute(sql, params)
+
+        @contextlib.asynccontextmanager
+        async def transaction(self):
+            await self._card_lands()
+            async with self.real.transaction() as conn:
+                yield conn
+
+    racing = CardLandsNow(store)
+    run_process = ListenerDelivery(racing, Fallback(), run_poster, default_channel=DEFAULT_CHANNEL)
+    run_process._repo = Runs()
+    try:
+        await run_process.post_run(landed)
+        assert racing.interleaved
+        posted = [r for r in card_poster.results + run_poster.results if not isinstance(r, tuple)]
+        assert [r.ticket.output for r in posted] == ["booked"] and posted[0].card == card_reference(DEFAULT_CHANNEL, 100)
+        delivered = (await Archive(store).show("call_5"))["jobs"][3]["delivered"]
+        assert delivered == f"posted in {DEFAULT_CHANNEL}" and delivered != WAITING
+        assert await card_process.flush_waiting() == 0 and await run_process.flush_waiting() == 0  # nothing twice
+    finally:
+        await other.close()
+
+
+async def test_a_result_a_crashed_process_was_posting_is_posted_when_the_listener_starts(store):
+    import subprocess
+    import sys
+
+    from bot.listener_delivery import POSTING
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    gone = f"{__import__('socket').gethostname()}:{child.pid}:?:x"  # posting, then the process died
+    await store.execute("UPDATE listener_jobs SET delivered = ? WHERE job_id = 'run-2'", (POSTING + gone,))
+    await store.execute("UPDATE listener_jobs SET delivered = ? WHERE job_id = 'run-3'", ("posted in None",))
+    poster = Poster()
+    delivery = ListenerDelivery(store, Fallback(), poster, default_channel=DEFAULT_CHANNEL)
+
+    class Runs:
+        async def get(self, run_id: int):
+            return ticket(run_id, output=f"output {run_id}")
+
+    delivery._repo = Runs()
+    assert await delivery.flush_waiting() == 1
+    assert [r.label for r in poster.results] == ["Elsewhere"]  # run-2 again; run-3 was posted already
+    assert await delivery.flush_waiting() == 0
+
+
+async def test_two_processes_flushing_the_same_waiting_results_post_each_once(store, tmp_path):
+    import subprocess
+    import sys
+
+    from bot.listener_delivery import WAITING
+    from bot.runs.procs import process_token
+
+    await store.execute("UPDATE listener_jobs SET delivered = ?", (WAITING,))
+    other = await open_store(tmp_path, STORE_MIGRATIONS)
+    # two live processes own the two deliveries (so neither takes the other's result as abandoned)
+    lives = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+             for _ in range(2)]
+    host = __import__("socket").gethostname()
+
+    class Runs:
+        async def get(self, run_id: int):
+            return ticket(run_id, output=f"output {run_id}")
+
+    posters = [Poster(), Poster()]
+    deliveries = [ListenerDelivery(db, Fallback(), poster, default_channel=DEFAULT_CHANNEL,
+                                   owner=f"{host}:{process_token(life.pid)}:x")
+                  for db, poster, life in zip((store, other), posters, lives, strict=True)]
+    for delivery in deliveries:
+        delivery._repo = Runs()
+    try:
+        counts = await asyncio.wait_for(asyncio.gather(*(d.flush_waiting() for d in deliveries)), 10)
+        labels = sorted(r.label for poster in posters for r in poster.results)
+        assert labels == ["Call review", "Elsewhere", "Quiet", "book the table."] and sum(counts) == 4
+    finally:
+        for life in lives:
+            life.stdin.close()
+            life.wait()
+        await other.close()

@@ -8,6 +8,8 @@ import asyncio
 import datetime as dt
 import ipaddress
 import ssl
+import tracemalloc
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -16,6 +18,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+import listener.download as dl
 from listener.addresses import UnsafeTranscriptURL, check_transcript_url, vet_address
 from listener.download import TranscriptDownloadError, download_transcript
 
@@ -157,12 +160,20 @@ class Seen:
 
 @dataclass
 class Server:
+    """`reply` is written after the request; `hang` (when set) holds the answer until it is set;
+    `respond(writer)` (when set) writes the answer itself — a trickle. `active` counts the requests
+    being answered now; `wait_requests(n)` waits (on a condition) until n requests have arrived."""
+
     reply: bytes = field(default_factory=lambda: ok(b"# transcript\n"))
     requests: list[Seen] = field(default_factory=list)
     sni: list[str | None] = field(default_factory=list)
     hang: asyncio.Event | None = None
+    respond: Callable[[asyncio.StreamWriter], Awaitable[None]] | None = None
     port: int = 0
+    active: int = 0
+    most_active: int = 0
     _server: asyncio.AbstractServer | None = None
+    _changed: asyncio.Condition = field(default_factory=asyncio.Condition)
 
     async def start(self, host: str, ssl_ctx: ssl.SSLContext | None, port: int = 0) -> Server:
         self._server = await asyncio.start_server(self._handle, host, port, ssl=ssl_ctx)
@@ -177,10 +188,20 @@ class Server:
                 k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)
             }
             self.requests.append(Seen(lines[0], headers, writer.get_extra_info("sockname")[0]))
-            if self.hang is not None:
-                await self.hang.wait()
-            writer.write(self.reply)
-            await writer.drain()
+            self.active += 1
+            self.most_active = max(self.most_active, self.active)
+            async with self._changed:
+                self._changed.notify_all()
+            try:
+                if self.hang is not None:
+                    await self.hang.wait()
+                if self.respond is not None:
+                    await self.respond(writer)
+                else:
+                    writer.write(self.reply)
+                    await writer.drain()
+            finally:
+                self.active -= 1
         except (OSError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
         finally:
@@ -189,6 +210,10 @@ class Server:
                 await writer.wait_closed()
             except (OSError, ssl.SSLError):
                 pass
+
+    async def wait_requests(self, n: int) -> None:
+        async with self._changed:
+            await asyncio.wait_for(self._changed.wait_for(lambda: len(self.requests) >= n), 5)
 
     async def stop(self) -> None:
         if self.hang is not None:
@@ -626,3 +651,247 @@ async def test_default_resolver_is_used_for_localhost():
         assert body == b"via getaddrinfo"
     finally:
         await server.stop()
+
+
+# --- limits: size, total time, concurrency, URL length ---------------------------------------------
+# (`dl.` names, not imports: each of these tests fails on its own when a limit is missing)
+
+MIB = 1024 * 1024
+
+
+class FakeClock:
+    """The deadline's clock; the trickling server moves it on as it sends."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def downloader(server: Server, client_ctx, **kw) -> dl.TranscriptDownloader:
+    kw.setdefault("resolver", FakeResolver(["127.0.0.1"]))
+    kw.setdefault("vet", vet_allowing("127.0.0.1"))
+    return dl.TranscriptDownloader(verify=client_ctx, connect_port=server.port, **kw)
+
+
+def test_the_size_cap_is_20_mib_by_default_and_must_be_a_positive_size():
+    assert dl.DEFAULT_MAX_TRANSCRIPT_BYTES == 20 * MIB
+    assert dl.TranscriptDownloader().max_bytes == 20 * MIB
+    for bad in (0, -1, None, 1.5, True):
+        with pytest.raises((ValueError, TypeError)):
+            dl.TranscriptDownloader(max_bytes=bad)
+    assert dl.TranscriptDownloader().max_concurrent < 4  # below the stream client's default concurrency
+
+
+async def test_a_body_declared_larger_than_the_default_cap_is_refused_before_it_is_read(tls_server, client_ctx):
+    declared = 20 * MIB + 1
+    tls_server.reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % declared + b"x" * 100
+    with pytest.raises(TranscriptDownloadError, match=f"larger than {20 * MIB} bytes") as exc:
+        await fetch(tls_server, client_ctx)  # no max_bytes given: the default applies
+    assert exc.value.refused and "SMARTNUMBERS_MAX_TRANSCRIPT_BYTES" in str(exc.value)
+    assert_clean(exc.value)
+
+
+async def test_an_undeclared_body_is_counted_and_stopped_at_the_downloaders_cap(tls_server, client_ctx):
+    tls_server.reply = ok(b"z" * 30_000, declared=False)
+    fetcher = downloader(tls_server, client_ctx, max_bytes=20_000)
+    with pytest.raises(TranscriptDownloadError, match="larger than 20000 bytes") as exc:
+        await fetcher(URL, None)
+    assert exc.value.refused
+    tls_server.reply = ok(b"z" * 20_000, declared=False)
+    assert await fetcher(URL, None) == b"z" * 20_000  # exactly the cap is fine
+
+
+async def test_a_download_holds_one_copy_of_its_body(tls_server, client_ctx):
+    body = bytes(range(256)) * (2 * MIB // 256)
+
+    async def in_slices(writer: asyncio.StreamWriter) -> None:  # small writes: the server buffers little
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body))
+        view = memoryview(body)
+        for i in range(0, len(body), 64 * 1024):
+            writer.write(view[i : i + 64 * 1024])
+            await writer.drain()
+
+    tls_server.respond = in_slices
+    await fetch(tls_server, client_ctx)  # warm up: TLS and httpx's one-time allocations
+    tracemalloc.start()
+    try:
+        got = await fetch(tls_server, client_ctx, max_bytes=2 * MIB)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == body
+    assert peak < 1.5 * len(body), f"peak {peak / len(body):.2f}x the body"
+
+
+async def test_a_host_that_trickles_is_cut_off_at_the_total_deadline(tls_server, client_ctx):
+    clock = FakeClock()
+
+    async def trickle(writer: asyncio.StreamWriter) -> None:
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\nConnection: close\r\n\r\n")
+        for _ in range(400):  # each byte comes half a second after the last: no single read is slow
+            if writer.is_closing():
+                return
+            writer.write(b"x")
+            await writer.drain()
+            clock.now += 0.5
+            await asyncio.sleep(0)
+
+    tls_server.respond = trickle
+    with pytest.raises(TranscriptDownloadError, match="timed out after 30s") as exc:
+        await fetch(tls_server, client_ctx, timeout_s=30, clock=clock)
+    assert exc.value.retryable and not exc.value.refused
+    assert 30 <= clock.now < 200  # stopped at the deadline, not at the end of the body
+    assert_clean(exc.value)
+
+
+async def test_a_download_that_finds_every_slot_taken_fails_at_once_as_retryable(tls_server, client_ctx):
+    tls_server.hang = asyncio.Event()
+    fetcher = downloader(tls_server, client_ctx, max_concurrent=2, queue_s=0)
+    slow = [asyncio.create_task(fetcher(URL, None)) for _ in range(2)]
+    try:
+        await tls_server.wait_requests(2)
+        assert fetcher.running == 2
+        with pytest.raises(TranscriptDownloadError, match="2 downloads are already running") as exc:
+            await fetcher(URL, None)
+        assert exc.value.retryable and not exc.value.refused
+        assert len(tls_server.requests) == 2  # the third never connected
+        assert_clean(exc.value)
+        # A refused link is refused as such, without waiting for a slot.
+        with pytest.raises(TranscriptDownloadError, match="only https"):
+            await fetcher(f"http://{HOST}{PATH}", None)
+        tls_server.hang.set()
+        assert await asyncio.gather(*slow) == [b"# transcript\n"] * 2
+    finally:
+        tls_server.hang.set()
+        await asyncio.gather(*slow, return_exceptions=True)
+    assert fetcher.running == 0 and await fetcher(URL, None) == b"# transcript\n"  # the slots came back
+
+
+async def test_a_download_waits_up_to_queue_s_for_a_free_slot(tls_server, client_ctx):
+    tls_server.hang = asyncio.Event()
+    fetcher = downloader(tls_server, client_ctx, max_concurrent=1, queue_s=60)
+    first = asyncio.create_task(fetcher(URL, None))
+    second = asyncio.create_task(fetcher(URL, None))
+    try:
+        await tls_server.wait_requests(1)
+        tls_server.hang.set()
+        assert await asyncio.gather(first, second) == [b"# transcript\n"] * 2
+    finally:
+        tls_server.hang.set()
+        await asyncio.gather(first, second, return_exceptions=True)
+    assert len(tls_server.requests) == 2 and tls_server.most_active == 1  # one at a time
+
+
+async def test_an_overlong_url_is_a_one_line_download_refusal(tls_server, client_ctx):
+    long_url = f"https://{HOST}/calls/42.md?{SECRET}&pad={'a' * 100_000}"
+    resolver = FakeResolver(["127.0.0.1"])
+    with pytest.raises(TranscriptDownloadError, match="characters long") as exc:
+        await fetch(tls_server, client_ctx, long_url, resolver=resolver)
+    assert exc.value.refused and resolver.calls == [] and tls_server.requests == []
+    assert_clean(exc.value)
+    assert len(str(exc.value)) < 300
+    with pytest.raises(UnsafeTranscriptURL, match="characters long"):
+        check(long_url)
+
+
+async def test_any_url_httpx_refuses_is_a_download_refusal_not_an_escaping_error(tls_server, client_ctx, monkeypatch):
+    import listener.addresses as addresses
+
+    monkeypatch.setattr(addresses, "MAX_URL_CHARS", 10**7, raising=False)  # let the URL reach httpx's own check
+    long_url = f"https://{HOST}/calls/42.md?{SECRET}&pad={'a' * 100_000}"
+    with pytest.raises(TranscriptDownloadError, match="not a URL the HTTP client accepts") as exc:
+        await fetch(tls_server, client_ctx, long_url)
+    assert exc.value.refused
+    assert_clean(exc.value)
+    assert tls_server.requests == []
+
+
+# --- the same limits seen from the stream: acks, and room for new events -------------------------
+
+
+@pytest.fixture
+async def make_listener(tls_server, tmp_path):
+    """`await make_listener(download)`: the stream client over the real pipeline (a SQLite store),
+    downloading with `download`, up to 3 events at once; returns the fake Smartnumbers server."""
+    from contextlib import AsyncExitStack
+
+    from bot.compose import LISTENER_MIGRATIONS
+    from bot.store import open_store
+    from listener.archive import Archive
+    from listener.pipeline import TranscriptPipeline
+    from listener.stream import StreamClient
+    from tests.support.fake_smartnumbers import FakeSmartnumbers
+
+    stack = AsyncExitStack()
+
+    async def make(download):
+        store = await open_store(tmp_path, LISTENER_MIGRATIONS)
+        stack.push_async_callback(store.close)
+        pipeline = TranscriptPipeline(Archive(store), download=download, jobs=None, agent_name="Ares")
+        fake = await stack.enter_async_context(FakeSmartnumbers(key="k"))
+        client = StreamClient(fake.url, key=lambda: "k", allowed_hosts=frozenset({"127.0.0.1"}),
+                              allow_insecure_local=True, handle=pipeline.handle, concurrency=3,
+                              jitter=lambda d: d, sleep=lambda d: asyncio.Event().wait())
+        stack.push_async_callback(client.stop)
+        await client.start()
+        await fake.wait_connection(1)
+        return fake
+
+    try:
+        yield make
+    finally:
+        if tls_server.hang is not None:
+            tls_server.hang.set()
+        await stack.aclose()
+
+
+def url_event(event_id: str, url: str = URL) -> dict:
+    from tests.support.fake_smartnumbers import transcript_url_event
+
+    return transcript_url_event(event_id, url=url)
+
+
+async def test_slow_transcript_hosts_leave_room_for_new_events(make_listener, tls_server, client_ctx):
+    fetcher = downloader(tls_server, client_ctx, max_concurrent=2, queue_s=0)
+    fake = await make_listener(fetcher)
+    tls_server.hang = asyncio.Event()  # the host takes the request, then says nothing
+    tls_server.reply = ok(b"1\n**TO**: See you on Friday.\n")
+    await fake.send_event(url_event("evt_slow_1"))
+    await fake.send_event(url_event("evt_slow_2"))
+    await tls_server.wait_requests(2)
+
+    await fake.send_event(url_event("evt_slow_3"))  # every download slot is taken: it fails at once
+    busy = await fake.ack_for("evt_slow_3")
+    assert busy["success"] is False and busy["errors"][0]["stage"] == "download"
+    assert "already running" in busy["errors"][0]["message"] and len(tls_server.requests) == 2
+
+    await fake.send_event({"event_id": "evt_direct", "conversation_id": "call_direct",
+                           "turns": [{"speaker": "TO", "text": "hello"}]})
+    direct = await fake.ack_for("evt_direct")
+    assert direct["success"] is True and direct["stages"]["archive"] == "ok"
+    assert fake.acks_for("evt_slow_1") == [] and fetcher.running == 2  # still downloading meanwhile
+
+    tls_server.hang.set()
+    for event_id in ("evt_slow_1", "evt_slow_2"):
+        ack = await fake.ack_for(event_id)
+        assert ack["success"] is True, (ack["stages"], ack["errors"])
+    fake.assert_clean()
+
+
+async def test_an_overlong_url_is_acked_as_a_download_error_on_one_line(make_listener, tls_server, client_ctx,
+                                                                        caplog):
+    async def download(url: str, expires_at: str | None) -> bytes:
+        return await fetch(tls_server, client_ctx, url, expires_at=expires_at)
+
+    fake = await make_listener(download)
+    await fake.send_event(url_event("evt_long", f"https://{HOST}/calls/42.md?{SECRET}&pad={'a' * 100_000}"))
+    ack = await fake.ack_for("evt_long")
+    assert ack["success"] is False and ack["stages"] == {"download": "error"}
+    [error] = ack["errors"]
+    assert error["stage"] == "download" and "characters long" in error["message"]
+    assert "\n" not in error["message"] and "SECRET" not in error["message"]
+    assert "Traceback" not in caplog.text and "InvalidURL" not in caplog.text
+    assert tls_server.requests == []
+    fake.assert_clean()

@@ -137,7 +137,7 @@ async def test_a_command_run_is_told_the_call_is_untrusted_and_only_it_holds_a_t
 
 async def test_a_replayed_event_returns_the_same_jobs_and_dispatches_nothing(archive):
     jobs, notifier = Jobs(), Notifier()
-    await Callbacks(archive.db, clock=lambda: NOW).set_review("Summarise the call and list follow-ups.")
+    await Callbacks(archive.db, clock=lambda: NOW - 60).set_review("Summarise the call and list follow-ups.")
     first = await pipeline(archive, jobs, notifier=notifier).handle(event())
     again = await pipeline(archive, jobs, notifier=notifier).handle(event("evt_1_again"))
     assert again["job_ids"] == first["job_ids"] == ["run-1", "run-2", "run-3"] and len(jobs.started) == 3
@@ -366,3 +366,192 @@ def test_payload_fields_and_huge_turns_stay_inside_the_fence():
     assert len(job.context.encode()) < INLINE_TRANSCRIPT_BYTES + 2000
     body = job.context.split("<untrusted-transcript>\n")[1]
     assert body.startswith('{"turn": 1') and "[cut]" in body and "the rest is cut here" in body
+
+
+# -- a crash between claiming a job and recording its run ------------------------------------------
+
+CRASHING = str(__import__("pathlib").Path(__file__).resolve().parent / "support" / "listener_crash.py")
+CRASH_EVENT = {"conversation_id": "call_crash", "event_id": "evt_crash_again", "source": "local",
+               "metadata": {"direction": "outbound", "from": "+15550001", "to": "+15550002"},
+               "turns": [{"speaker": "FROM", "text": "Ares, book the plumber for Friday."}]}
+
+
+class Runs:
+    """A job starter over the real runs table, idempotent on the job's intent as the runs service is."""
+
+    def __init__(self, store) -> None:
+        from bot.runs.repository import RunRepository
+
+        self.repo = RunRepository(store)
+        self.created = 0
+
+    async def start_job(self, job) -> str:
+        ticket, created = await self.repo.create_once(lane="command", task=job.task, requester_id=None, owner="test",
+                                                      idempotency_key=job.intent, now=NOW)
+        self.created += created
+        return f"run-{ticket.id}"
+
+
+async def crash_mid_start(home, when: str) -> None:
+    import asyncio
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(sys.executable, CRASHING, str(home), when,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:  # it never got to die: do not leave it behind
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 9, out.decode()[-2000:]  # it died inside start_job
+
+
+async def test_a_job_a_crashed_process_claimed_but_never_started_is_started_by_the_next_delivery(tmp_path):
+    from bot.compose import STORE_MIGRATIONS
+
+    await crash_mid_start(tmp_path, "before-run")
+    store = await open_store(tmp_path, STORE_MIGRATIONS)
+    try:
+        runs = Runs(store)
+        ack = await TranscriptPipeline(Archive(store), download=None, jobs=runs, agent_name="Ares").handle(CRASH_EVENT)
+        assert ack["stages"]["archive"] == "already archived"  # the crashed process got that far
+        assert ack["success"] is True and ack["job_ids"] == ["run-1"] and runs.created == 1, ack
+        assert ack["stages"]["commands"] == "1 found, 1 started"
+    finally:
+        await store.close()
+
+
+async def test_a_job_whose_run_was_recorded_just_before_a_crash_is_not_started_again(tmp_path):
+    from bot.compose import STORE_MIGRATIONS
+
+    await crash_mid_start(tmp_path, "after-run")
+    store = await open_store(tmp_path, STORE_MIGRATIONS)
+    try:
+        runs = Runs(store)
+        ack = await TranscriptPipeline(Archive(store), download=None, jobs=runs, agent_name="Ares").handle(CRASH_EVENT)
+        assert ack["success"] is True and ack["job_ids"] == ["run-1"], ack
+        assert runs.created == 0 and (await store.fetchone("SELECT COUNT(*) FROM runs"))[0] == 1  # found, not redone
+    finally:
+        await store.close()
+
+
+async def test_a_delivery_waits_for_the_job_another_process_is_starting_and_acks_its_run(archive):
+    import asyncio
+
+    release = asyncio.Event()
+
+    class Slow(Jobs):
+        async def start_job(self, job) -> str:
+            entered.set()
+            await release.wait()
+            return await super().start_job(job)
+
+    async def pause(seconds: float) -> None:  # the other process finishes while this one waits
+        polls.append(seconds)
+        if len(polls) == 3:
+            release.set()
+        await asyncio.sleep(0)
+
+    entered, polls, starter = asyncio.Event(), [], Slow()
+    live = lambda owner: True  # noqa: E731 - both "processes" are alive
+    first = asyncio.create_task(pipeline(archive, starter, owner="host:1:?:a", alive=live).handle(event()))
+    await entered.wait()
+    second = await asyncio.wait_for(pipeline(archive, Jobs(), owner="host:2:?:b", alive=live,
+                                             sleep=pause).handle(event("evt_b")), 10)
+    ack = await asyncio.wait_for(first, 10)
+    assert ack["success"] is True and second["success"] is True and second["job_ids"] == ack["job_ids"]
+    assert len(starter.started) == 2 and len(polls) >= 3  # it waited; it never started anything itself
+
+
+async def test_an_ack_never_says_success_for_a_job_another_process_is_still_starting(archive):
+    import asyncio
+
+    class Hanging(Jobs):
+        async def start_job(self, job) -> str:
+            entered.set()
+            await asyncio.Event().wait()
+
+    async def pause(seconds: float) -> None:
+        polls.append(seconds)
+
+    entered, polls = asyncio.Event(), []
+    live = lambda owner: True  # noqa: E731
+    first = asyncio.create_task(pipeline(archive, Hanging(), owner="host:1:?:a", alive=live).handle(event()))
+    await entered.wait()
+    jobs = Jobs()
+    try:
+        second = await pipeline(archive, jobs, owner="host:2:?:b", alive=live, sleep=pause).handle(event("evt_b"))
+    finally:
+        first.cancel()
+    # the first command is still being started by the other process: no run yet, so no success
+    assert second["success"] is False and polls and second["stages"]["commands"] == "error"
+    assert [e["stage"] for e in second["errors"]] == ["command"] and "turn 2's command: another Switchboard " \
+        "process is still starting it" in second["errors"][0]["message"]
+    assert jobs.labels() == ["remind me the day before, every time."] and second["job_ids"] == ["run-1"]
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    # the interrupted start let go of the slot: the next delivery starts it, once
+    retry = await pipeline(archive, jobs, owner="host:2:?:b", alive=live, sleep=pause).handle(event("evt_c"))
+    assert retry["success"] is True and len(jobs.started) == 2 and len(retry["job_ids"]) == 2
+
+
+async def test_a_job_a_crash_left_without_a_run_is_started_when_the_listener_starts_with_no_delivery(tmp_path):
+    from bot.compose import STORE_MIGRATIONS
+
+    await crash_mid_start(tmp_path, "before-run")
+    store = await open_store(tmp_path, STORE_MIGRATIONS)
+    try:
+        runs = Runs(store)
+        restarted = TranscriptPipeline(Archive(store), download=None, jobs=runs, agent_name="Ares")
+        assert await restarted.resume() == {"call_crash": ["run-1"]} and runs.created == 1
+        assert await restarted.resume() == {} and runs.created == 1  # nothing left to resume, nothing twice
+    finally:
+        await store.close()
+
+
+async def test_the_runs_service_records_one_run_for_a_job_however_often_and_wherever_it_is_started(tmp_path):
+    """The listener's job starter over the real runs service: asked again under the job's intent —
+    by a retry in this process, or by another process at the same moment — it answers with the run
+    it recorded first and starts nothing else."""
+    import asyncio
+
+    from bot.compose import STORE_MIGRATIONS
+    from bot.listen import RunJobs
+    from bot.runs import RunsConfig, RunService
+    from listener.jobs import Job
+
+    config = RunsConfig(lanes=("command",), command=("echo", "{task}"))
+    stores = [await open_store(tmp_path, STORE_MIGRATIONS) for _ in range(2)]  # two processes' connections
+    services = [RunService(store, config) for store in stores]
+    job = Job("command", '["call_1","index",0,0]', "book it", "Book the plumber.", "(the call)", "")
+    try:
+        for service in services:
+            await service.start()
+        ids = await asyncio.gather(*(RunJobs(service).start_job(job) for service in (*services, services[0])))
+        assert len(set(ids)) == 1, ids
+        assert [tuple(r) for r in await stores[0].fetchall("SELECT id, idempotency_key FROM runs")] == [
+            (int(ids[0].removeprefix("run-")), job.intent)]
+        assert await RunJobs(services[1]).start_job(job) == ids[0]  # and again, later
+    finally:
+        for service in services:
+            await service.close(settle_unwatchable=False)
+        for store in stores:
+            await store.close()
+
+
+async def test_a_review_that_lands_before_its_start_is_recorded_stays_done(archive):
+    await Callbacks(archive.db, clock=lambda: NOW - 60).set_review("Summarise it.")
+
+    class Quick(Jobs):
+        async def start_job(self, job) -> str:
+            job_id = await super().start_job(job)
+            if job.kind == "review":  # the run finished and was delivered before start_job returned
+                async with archive.db.transaction() as conn:
+                    await conn.execute("UPDATE transcripts SET review = 'All good.', review_status = 'done'")
+            return job_id
+
+    ack = await pipeline(archive, Quick()).handle(event())
+    assert ack["stages"]["review"] == "started"
+    call = await archive.show("call_42")
+    assert call["review_status"] == "done" and call["review"] == "All good."

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -580,3 +581,86 @@ async def test_stop_during_a_backoff_wait_is_prompt(fake, make_client):
     began = loop.time()
     await client.stop()
     assert loop.time() - began < 1.0 and not client.running
+
+
+# -- nothing secret or forged reaches a log line -------------------------------------------------------
+
+
+class EchoingUpgradeServer:
+    """A loopback server answering the WebSocket upgrade with a broken `101` whose `header` echoes
+    the request's `Authorization` value (as `encode` renders it): a connection error whose own text
+    carries the key, the way a misbehaving proxy or server can make one."""
+
+    def __init__(self, header: str = "Sec-WebSocket-Accept", encode: Any = lambda value: value) -> None:
+        self.header, self.encode = header, encode
+        self.seen: list[str] = []
+        self.url = ""
+        self._server: Any = None
+
+    async def __aenter__(self) -> EchoingUpgradeServer:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", 0)
+        self.url = f"ws://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/ws/hermes"
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._server.close()
+        await self._server.wait_closed()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            auth = next(line.split(":", 1)[1].strip() for line in head.split("\r\n")
+                        if line.lower().startswith("authorization:"))
+            self.seen.append(auth)
+            writer.write(f"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                         f"{self.header}: {self.encode(auth)}\r\n\r\n".encode("latin-1"))
+            await writer.drain()
+        finally:
+            writer.close()
+
+
+@pytest.mark.parametrize(("key", "header", "encode"), [
+    (KEY, "Sec-WebSocket-Accept", lambda v: v),
+    (KEY, "Upgrade", lambda v: v),
+    ("sk-stream  SECRET-7f3a9c", "Sec-WebSocket-Accept", lambda v: v),  # a run of spaces inside the key
+    ("sk-stream/SECRET-7f3a9c+=", "Sec-WebSocket-Accept", lambda v: quote(v, safe="")),  # as in a URL
+], ids=["accept", "upgrade", "spaces", "percent-encoded"])
+async def test_the_key_in_a_failing_connection_never_reaches_the_log_or_the_error(key, header, encode, make_client,
+                                                                                caplog):
+    caplog.set_level(logging.DEBUG)
+    async with EchoingUpgradeServer(header, encode) as server:
+        sleeper = Sleeper(block_from=1)
+        client = StreamClient(server.url, key=lambda: key, allowed_hosts=LOOPBACK, allow_insecure_local=True,
+                              handle=Handler(), jitter=lambda d: d, sleep=sleeper)
+        try:
+            await client.start()
+            await sleeper.wait_count(1)
+        finally:
+            await client.stop()
+    assert server.seen == [f"Bearer {key}"]  # the key went out, and came back in the server's answer
+    error = client.stats.last_error
+    assert error is not None and header in error and "<redacted>" in error, error
+    for text in (error, caplog.text, repr(client.stats.as_dict())):
+        assert "SECRET-7f3a9c" not in text and "Bearer sk" not in text, text
+
+
+async def test_hostile_ids_never_forge_a_log_line_or_attach_a_traceback(fake, make_client, caplog):
+    caplog.set_level(logging.DEBUG)
+    event_id = "evt_1\nstream: connected to wss://evil.example/\x1b[2J"
+    call_id = "call_1\r\nFORGED stream: key accepted\u2028FORGED"
+    client = make_client(fake, handle=Handler(fail=ValueError(f"no transcript for {call_id}")))
+    await client.start()
+    await fake.wait_connection(1)
+    await fake.send_event({"type": "x\nFORGED unknown"})
+    await fake.send_event(transcript_url_event(event_id, call_id))
+    ack = await fake.ack_for(event_id)
+    assert ack["success"] is False and ack["conversation_id"] == call_id  # the ack itself is JSON: exact
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert failed and all(r.exc_info is None for r in caplog.records)  # one line, no traceback attached
+    assert '"evt_1\\nstream: connected to wss://evil.example/\\x1b[2J"' in failed[0].getMessage()
+    for record in caplog.records:
+        line = record.getMessage()
+        assert not any(ch in line for ch in "\n\r\x1b\u2028"), line
+    assert not any(line.lstrip().startswith(("FORGED", "stream: connected to wss://evil"))
+                   for line in caplog.text.splitlines())
+    fake.assert_clean()

@@ -410,3 +410,46 @@ def test_deaf_detector_reports_packets_without_pcm(dave_call, tone):
     rx.on_ws_message(speaking(ALICE, ALICE_SSRC))
     rx.on_packet(senders[ALICE].packet(tone[10]))
     assert rx.check_deaf(now=7.0) is False and rx.stats["deaf"] == 0
+
+
+# -- an SSRC handed to another user ------------------------------------------------------------------
+
+
+SHARED_SSRC = 777
+
+
+def test_op5_handing_an_ssrc_to_another_user_makes_the_next_frames_theirs_on_a_fresh_decoder(dave_call, tone):
+    """Discord reuses SSRCs: once op 5 gives 777 to Bob, 777's audio is Bob's — never Alice's (who may be an
+    operator) — and Bob's first frame decodes as on a new stream, with none of Alice's decoder state."""
+    from voice.media.opus import OpusDecoder
+
+    group, conn, rx, heard, senders = dave_call
+    alice = DiscordSender(SHARED_SSRC, conn.secret_key, senders[ALICE].dave_session)
+    rx.on_ws_message(speaking(ALICE, SHARED_SSRC))
+    for frame in tone[:10]:
+        rx.on_packet(alice.packet(frame))
+    rx.on_ws_message(speaking(BOB, SHARED_SSRC))
+    bob = DiscordSender(SHARED_SSRC, conn.secret_key, senders[BOB].dave_session, sequence=alice.sequence,
+                        timestamp=alice.timestamp)  # Bob's stream takes over where Alice's left off
+    bob_tone = opus_frames(660.0, 10)
+    for frame in bob_tone:
+        rx.on_packet(bob.packet(frame))
+    assert heard.users() == [ALICE] * 10 + [BOB] * 10, rx.nonzero_stats()
+    assert rx.user_for_ssrc(SHARED_SSRC) == BOB and not any(k.startswith("dave_fail") for k in rx.stats)
+    first_of_bob = heard.frames[10][2]
+    assert first_of_bob == OpusDecoder().decode(bob_tone[0])  # a fresh decoder's output, bit for bit
+
+
+def test_op5_handing_an_ssrc_to_another_user_whose_sequence_starts_behind_keeps_their_audio(plain_call, tone):
+    """The new owner's RTP sequence is their own: numbers the previous owner already used are not replays."""
+    conn, rx, heard, key = plain_call
+    alice = DiscordSender(SHARED_SSRC, list(key), sequence=3000)
+    rx.on_ws_message(speaking(ALICE, SHARED_SSRC))
+    for frame in tone[:40]:
+        rx.on_packet(alice.packet(frame))
+    rx.on_ws_message(speaking(BOB, SHARED_SSRC))
+    bob = DiscordSender(SHARED_SSRC, list(key), sequence=3005)  # behind Alice's last number (3039)
+    for frame in tone[40:50]:
+        rx.on_packet(bob.packet(frame))
+    assert heard.users() == [ALICE] * 40 + [BOB] * 10, rx.nonzero_stats()
+    assert rx.stats["duplicate"] == rx.stats["stale"] == 0

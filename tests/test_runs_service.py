@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bot.runs import MIGRATIONS, Delivery, RunsConfig, RunService, RunState, SteerState
+from bot.runs import MIGRATIONS, Delivery, RunsConfig, RunService, RunState, SteerState, UnknownRun
 from bot.runs.core import TERMINAL
 from bot.store import DB_FILENAME, open_store
 from tests.support.fake_hermes import FakeHermes
@@ -558,3 +558,12 @@ async def test_the_agent_the_service_starts_never_gets_a_variable_carrying_a_sec
         env = h.service.lanes["command"].environment()
         assert env["HERMES_MODEL_HINT"] == "gpt-5"
         assert "HERMES_SHARED_KEY" not in env and "HERMES_GATEWAY_KEY" not in env
+
+
+async def test_a_huge_or_negative_run_number_from_a_model_is_no_such_run_not_an_overflow(tmp_path):
+    async with harness(tmp_path, lanes=("command",)) as h:
+        for number in ("99999999999999999999999", "-1", "0", "#18446744073709551616"):
+            with pytest.raises(UnknownRun):
+                await h.service.get(number)
+            with pytest.raises(UnknownRun):
+                await h.service.stop(number, "why not")

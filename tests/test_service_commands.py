@@ -13,6 +13,7 @@ from bot.runs import Delivery
 from bot.service.app import SwitchboardBot, intents, serve
 from bot.settings import check_settings
 from tests.support.fake_discord import EPHEMERAL, FakeDiscord, SimUser, point_discord_py_at
+from tests.support.fake_discord.interactions import build_command_interaction
 from tests.test_runs_harness import FAKE_AGENT, SAFETY_S
 
 OPENAI_KEY = "sk-service-test-NEVER-SHOWN"
@@ -175,3 +176,48 @@ async def test_a_rejected_token_is_one_line_and_exit_2(tmp_path, capsys):
     assert err.strip() == ("switchboard run: Discord rejected the bot token (DISCORD_BOT_TOKEN): copy it again from "
                            "the Developer Portal (Bot → Reset Token)")
     assert "not-the-token" not in err
+
+
+OTHER_GUILD = 1_300_000_000_000_000_009
+
+
+async def command_from(svc: Service, where: str, command: str, options: dict | None = None, *,
+                       user: SimUser) -> dict:
+    """`command` as Discord sends it from a DM (`where="dm"`) or from another server the bot is in
+    (`where="other server"`, through the global copy of the commands)."""
+    pending = build_command_interaction(svc.fake.state, command, options, user, svc.fake.text_channel)
+    payload = pending.payload
+    payload["data"].pop("guild_id", None)  # the global command, not the home guild's copy
+    if where == "dm":
+        for key in ("guild_id", "guild", "member", "guild_locale"):
+            payload.pop(key)
+        payload.update(user=user.user_payload(), context=1,
+                       channel={"id": payload["channel_id"], "type": 1, "recipients": [user.user_payload()]})
+    else:
+        payload.update(guild_id=str(OTHER_GUILD), guild={"id": str(OTHER_GUILD), "locale": "en-US", "features": []},
+                       authorizing_integration_owners={"0": str(OTHER_GUILD)})
+        payload["channel"]["guild_id"] = str(OTHER_GUILD)
+    await svc.fake.gateway.current.dispatch("INTERACTION_CREATE", payload)
+    response = await svc.fake.wait_response(pending)
+    if response["type"] == 5:  # deferred: it was not refused at once; the answer is the first follow-up
+        await svc.fake.journal.wait_for(lambda: pending.followups, SAFETY_S)
+        return {"deferred": True, **pending.followups[0]}
+    return {"deferred": False, **response["data"]}
+
+
+async def test_runs_transcripts_and_callbacks_answer_only_in_the_home_server(tmp_path):
+    asks = [("runs list", None), ("runs show", {"run": 1}), ("runs stop", {"run": 1}),
+            ("transcripts search", {"query": "dentist"}), ("transcripts show", {"id": "call_1"}),
+            ("callbacks list", None), ("callbacks remove", {"id": "notes"})]
+    async with service(tmp_path, guild_sync=True) as svc:
+        refusals = {(where, command): await command_from(svc, where, command, options, user=svc.operator)
+                    for where in ("dm", "other server") for command, options in asks}
+        at_home = await svc.command("runs list", user=svc.operator)
+    for (where, command), answer in refusals.items():
+        assert answer.get("flags", 0) & EPHEMERAL and not answer["deferred"], (where, command, answer)
+        (embed,) = answer["embeds"]
+        place = "in a direct message" if where == "dm" else "in this server"
+        assert embed["description"] == (f"This is not available {place}: it belongs to the server Switchboard "
+                                        "serves (SWITCHBOARD_GUILD_IDS)."), (where, command, embed)
+    assert "not available" not in str(at_home)  # the home server is answered
+    assert not svc.fake.state.messages  # nothing was posted anywhere

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import re
 import subprocess
 import sys
 
@@ -12,7 +14,7 @@ from bot.settings import Settings, SettingsError, check_settings, parse_operator
 SECRET = "sk-live-should-never-appear-42"
 
 
-@pytest.mark.parametrize("raw", ["abc", "123", "1234567890123456789,", "1234567890123456789,,x",
+@pytest.mark.parametrize("raw", ["abc", "123", "1234567890123456789,,x", ",x",
                                  "1234567890123456789;1234567890123456788", "-1234567890123456789",
                                  "1234567890123456",  # 16 digits: too short for a snowflake
                                  "01234567890123456789",  # leading zero
@@ -36,6 +38,20 @@ def test_operator_ids_parse_immutable_snowflakes_of_17_to_20_digits():
     assert ids == {12345678901234567, 12345678901234567890} and problem is None
     ids, problem = parse_operator_ids("123456789012345678, 987654321098765432")
     assert ids == {123456789012345678, 987654321098765432} and problem is None
+
+
+@pytest.mark.parametrize("raw", ["123456789012345678,", "123456789012345678,,", ",123456789012345678",
+                                 "123456789012345678, ,987654321098765432", "123456789012345678,\t,"])
+def test_a_trailing_or_doubled_comma_in_the_operator_list_disables_nobody(raw):
+    ids, problem = parse_operator_ids(raw)
+    assert ids and ids <= {123456789012345678, 987654321098765432} and problem is None
+    report = check_settings({"SWITCHBOARD_OPERATOR_USER_IDS": raw})
+    assert report.settings.operator_user_ids == ids and report.notices == () and report.problems == ()
+
+
+def test_an_operator_list_of_only_commas_authorises_nobody_and_says_so():
+    ids, problem = parse_operator_ids(", ,")
+    assert ids == frozenset() and problem and "no Discord ID" in problem
 
 
 def test_malformed_operators_are_a_notice_that_does_not_stop_commands():
@@ -104,3 +120,59 @@ def test_talk_without_a_key_says_what_to_set():
     result = run_cli("talk", "--input-wav", "a.wav", "--output-wav", "b.wav")
     assert result.returncode == 2 and "SWITCHBOARD_OPENAI_API_KEY" in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+
+
+def _description(help_text: str) -> str:
+    """The paragraph argparse prints between the usage block and the argument lists ('' when none)."""
+    paragraphs = help_text.split("\n\n")
+    first = paragraphs[1] if len(paragraphs) > 1 else ""
+    first = re.sub(r"-\n\s*", "-", first)  # argparse may wrap at a hyphen: "named-\ncommand"
+    return "" if first.startswith(("positional arguments:", "options:")) else " ".join(first.split())
+
+
+def _actions(help_text: str) -> dict[str, str]:
+    """A group's sub-commands as argparse lists them: name -> its one-line help (wrapped lines joined)."""
+    actions: dict[str, str] = {}
+    block = help_text.split("positional arguments:", 1)[1].split("\n\n", 1)[0]
+    name = None
+    for line in block.splitlines()[2:]:  # after "  ACTION"
+        if line.startswith("    ") and not line.startswith("     "):
+            name, _, text = line.strip().partition(" ")
+            actions[name] = text.strip()
+        elif name is not None:
+            actions[name] += " " + line.strip()
+    return actions
+
+
+COMMANDS = ["doctor", "run", "listen", "start", "talk", "runs", "transcripts", "callbacks"]
+WRITES = ["register", "update", "enable", "disable", "remove", "review"]
+
+
+async def test_every_command_says_what_it_does_and_callback_changes_say_they_need_a_runs_token():
+    async def help_of(*argv: str) -> str:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "--env-file", "/dev/null", *argv, "--help",
+            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "COLUMNS": "100"},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0 and not err, (argv, err)
+        return out.decode()
+
+    argvs = [(), *[(c,) for c in COMMANDS], *[("callbacks", w) for w in WRITES]]
+    texts = dict(zip(argvs, await asyncio.gather(*(help_of(*argv) for argv in argvs)), strict=True))
+    for command in COMMANDS:
+        assert len(_description(texts[(command,)])) > 40, (command, texts[(command,)])
+    top = " ".join(texts[()].split())
+    assert "3 talk --timeout, or a callbacks change without a run's token" in top
+    assert "1 a failure (provider, network; doctor: a check failed)" in top
+    assert "2 usage, configuration or a store that cannot be opened or is damaged" in top
+    callbacks = " ".join(texts[("callbacks",)].split())
+    assert "Exit codes: 0 ok, 2 usage, the store (cannot be opened, damaged) or a refused change (nothing saved), 3 no valid token" \
+        in callbacks
+    listed = _actions(texts[("callbacks",)])
+    assert "token" not in listed["list"]
+    for write in WRITES:
+        assert listed[write].endswith("(needs a run's token)"), (write, listed)
+        own = _description(texts[("callbacks", write)])
+        assert "the token a named-command run is given (--token or SWITCHBOARD_CALLBACK_TOKEN)" in own, (write, own)
+        assert "without it: exit 3" in own, (write, own)

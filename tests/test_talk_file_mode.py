@@ -13,6 +13,7 @@ import wave
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from bot.cli import main
 from tests.support.fake_realtime import AudioReply, FakeRealtime, ToolCallReply
@@ -190,3 +191,83 @@ async def test_local_endpointing_commits_each_spoken_sentence_with_the_trained_v
     assert len(commits) == 2, err.decode()[-2000:]
     assert update["session"]["audio"]["input"]["turn_detection"] is None
     assert "silero" in err.decode().lower()
+
+
+async def test_a_transcript_reader_that_goes_away_does_not_cut_the_call_short(tmp_path):
+    """`switchboard talk … | head -1`: stdout closes, the call goes on and OUT.wav gets the whole answer."""
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_wav(wav_in, [(0.4, True), (1.2, False)])
+    async with FakeRealtime([AudioReply("Hello there.", audio_ms=300)], user_transcripts=["hi"]) as fake:
+        read_end, write_end = os.pipe()
+        os.close(read_end)  # the reader has gone before the first transcript line
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bot", "--env-file", os.devnull, "talk", "--input-wav", str(wav_in),
+                "--output-wav", str(wav_out), "--timeout", "30", cwd=ROOT,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "OPENAI_API_KEY": KEY,
+                     "SWITCHBOARD_HOME": str(tmp_path), "SWITCHBOARD_REALTIME_URL": fake.url},
+                stdout=write_end, stderr=asyncio.subprocess.PIPE)
+        finally:
+            os.close(write_end)
+        _, err = await asyncio.wait_for(proc.communicate(), 40)
+    assert proc.returncode == 0 and "Traceback" not in err.decode() and "Broken" not in err.decode(), err.decode()
+    with wave.open(str(wav_out)) as wav:
+        assert wav.getnframes() == 300 * 24  # the whole answer
+
+
+@pytest.mark.parametrize("limit", [[], ["--timeout", "60"]], ids=["no-timeout", "timeout"])
+async def test_ctrl_c_during_a_stalled_handshake_ends_at_once_with_exit_130(tmp_path, limit):
+    """A server that accepts TCP and never answers the websocket upgrade: Ctrl-C must not wait out the
+    handshake's 15 s timeout."""
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_conversation_wav(wav_in)
+    accepted = asyncio.Event()
+    held: list[asyncio.StreamWriter] = []
+
+    async def never_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)
+        accepted.set()
+
+    server = await asyncio.start_server(never_answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "bot", "--env-file", os.devnull, "talk", "--input-wav", str(wav_in),
+        "--output-wav", str(wav_out), *limit, cwd=ROOT,
+        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "OPENAI_API_KEY": KEY,
+             "SWITCHBOARD_HOME": str(tmp_path), "SWITCHBOARD_REALTIME_URL": f"ws://127.0.0.1:{port}/v1/realtime"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    try:
+        await asyncio.wait_for(accepted.wait(), 30)  # the handshake has started and will never finish
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 5)  # not the 15 s handshake timeout
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        for writer in held:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    lines = err.decode().splitlines()
+    assert proc.returncode == 130, lines
+    assert lines[-1] == (f"switchboard talk: interrupted while connecting to the voice service at "
+                         f"ws://127.0.0.1:{port}/v1/realtime?…; nothing was said")  # the query not shown
+    assert "Traceback" not in err.decode() and KEY not in err.decode()
+    assert not wav_out.exists()  # nothing was said: no empty OUT.wav
+
+
+async def test_a_wav_of_pure_silence_ends_by_saying_it_holds_no_speech(tmp_path):
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_wav(wav_in, [(1.0, False)])
+    async with FakeRealtime([AudioReply("Never asked.", audio_ms=300)]) as fake:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "--env-file", os.devnull, "talk", "--input-wav", str(wav_in),
+            "--output-wav", str(wav_out), "--timeout", "30", cwd=ROOT,
+            env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "OPENAI_API_KEY": KEY,
+                 "SWITCHBOARD_HOME": str(tmp_path), "SWITCHBOARD_REALTIME_URL": fake.url},
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        _, err = await asyncio.wait_for(proc.communicate(), 40)
+    lines = err.decode().splitlines()
+    assert proc.returncode == 0, err.decode()
+    assert lines[-1] == (f"switchboard talk: wrote 0 ms of assistant audio to {wav_out} (0 turns: {wav_in} holds no "
+                         "speech, it is silent; record or pick a file with speech in it)")

@@ -25,6 +25,7 @@ SILENCE_DBFS = -120.0  # what rms_dbfs() reports for digital silence, so compari
 _WAVE_FORMAT_PCM = 0x0001
 _WAVE_FORMAT_FLOAT = 0x0003
 _WAVE_FORMAT_EXTENSIBLE = 0xFFFE
+_SIZE_UNKNOWN = (0, 0xFFFFFFFF)  # a data size a writer leaves when it cannot rewind (a pipe) or never finished
 _CONVERT_HINT = "convert it with `ffmpeg -i IN -ac 1 -c:a pcm_s16le OUT.wav`"
 
 
@@ -149,7 +150,8 @@ class WavReader:
     a block at a time, so memory does not grow with the file.
 
     Accepts 8/16/24/32-bit integer PCM, any channels and rate, WAVE_FORMAT_EXTENSIBLE PCM (what
-    ffmpeg writes for 24-bit and multichannel), and a recording cut short before its header was
+    ffmpeg writes for 24-bit and multichannel), a stream written into a pipe (data size 0xFFFFFFFF,
+    "unknown": read to the end of the file), and a recording cut short before its header was
     finalised (data size 0 or past the end of the file; a torn last sample frame is dropped).
     Raises AudioFileError, naming the file and a fix, for anything else.
     """
@@ -225,8 +227,10 @@ def _read_header(file: BinaryIO, path: Path) -> WavFormat:
             channels, width, rate = fmt
             available = size - body
             claimed = None
-            if chunk_size == 0 or chunk_size > available:  # writer died before finalising the header
-                claimed = chunk_size // (channels * width) if chunk_size else None
+            if chunk_size in _SIZE_UNKNOWN:  # streamed, or the writer died before finalising the header
+                chunk_size = available
+            elif chunk_size > available:  # cut short: the header promises more than the file holds
+                claimed = chunk_size // (channels * width)
                 chunk_size = available
             return WavFormat(channels, width, rate, chunk_size // (channels * width), body, claimed)
         pos = body + chunk_size + (chunk_size & 1)

@@ -1,7 +1,7 @@
 """`switchboard runs list|show N|stop N`: the run tickets in the store, without a call.
 
 The CLI never reconciles, follows or delivers runs (the running service does); it reads tickets and
-asks a lane to stop one. Exit codes: 0 ok, 1 the lane or the store failed, 2 usage or configuration
+asks a lane to stop one. Exit codes: 0 ok, 1 the lane failed, 2 usage, configuration or the store
 (unknown run, unusable SWITCHBOARD_HOME).
 """
 
@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
+from bot.cli import MAX_ROW, whole_number
 from bot.paths import home_problem
 from bot.store import StoreError, open_store
 
@@ -27,12 +28,18 @@ from .repository import MIGRATIONS, RunEvent
 from .service import RunService, UnknownRun
 from .speech import STATE_WORDS, bounded, elapsed_words
 
+MAX_LIST = 1000
+
 
 def add_parser(subparsers: Any) -> None:
-    runs = subparsers.add_parser("runs", help="background runs: list, show or stop them (no call needed)")
+    runs = subparsers.add_parser("runs", help="background runs: list, show or stop them (no call needed)",
+                                 description="The background runs in SWITCHBOARD_HOME's store, without a call: "
+                                             "list them, show one, or stop one on its lane. Exit codes: 0 ok, 1 the "
+                                             "lane failed, 2 usage, configuration (an unknown run) or the store.")
     actions = runs.add_subparsers(dest="runs_command", metavar="ACTION", required=True)
     listing = actions.add_parser("list", help="recent runs, newest first")
-    listing.add_argument("--limit", type=int, default=20, help="how many (default 20)")
+    listing.add_argument("--limit", type=whole_number(1, MAX_LIST), default=20,
+                         help=f"how many (1-{MAX_LIST}, default 20)")
     show = actions.add_parser("show", help="one run: state, output, notes, events")
     show.add_argument("run", help="the run number")
     stop = actions.add_parser("stop", help="stop a run on its lane")
@@ -60,7 +67,7 @@ async def main(args: argparse.Namespace, config: RunsConfig, home: Path, *, out:
         store = await open_store(home, MIGRATIONS)
     except StoreError as exc:
         print(f"switchboard runs: {exc}", file=err)
-        return 1
+        return 2
     service = RunService(store, config, lanes=lanes, clock=clock, sleep=sleep, watch=False)
     try:
         await service.start()
@@ -101,7 +108,7 @@ def ticket_json(ticket: RunTicket, now: float, *, watched: bool | None) -> dict[
 
 
 async def _list(service: RunService, args: argparse.Namespace, out: TextIO, now: float) -> int:
-    tickets = await service.tickets(max(1, args.limit))
+    tickets = await service.tickets(args.limit)
     if args.json:
         json.dump([ticket_json(t, now, watched=_watched(t, service)) for t in tickets], out, indent=2)
         out.write("\n")
@@ -117,8 +124,19 @@ async def _list(service: RunService, args: argparse.Namespace, out: TextIO, now:
     return 0
 
 
+def run_number(text: str) -> int:
+    """A run number as typed (`12`, `#12`); UnknownRun for anything that cannot be one (`nine`, 0, 10**30)."""
+    try:
+        number = int(text.strip().lstrip("#"))
+    except ValueError:
+        raise UnknownRun(text) from None
+    if not 1 <= number <= MAX_ROW:
+        raise UnknownRun(text)
+    return number
+
+
 async def _show(service: RunService, args: argparse.Namespace, out: TextIO, now: float) -> int:
-    ticket = await service.get(args.run)
+    ticket = await service.get(run_number(args.run))
     receipts = await service.repo.receipts(ticket.id)
     events = await service.repo.events(ticket.id)
     watched = _watched(ticket, service)
@@ -171,7 +189,7 @@ def _print_show(ticket: RunTicket, receipts: list[SteerReceipt], events: list[Ru
 
 
 async def _stop(service: RunService, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    result = await service.stop(args.run, args.reason)
+    result = await service.stop(run_number(args.run), args.reason)
     if "error" in result:
         print(f"switchboard runs: {result['error']}", file=err)
         return 1

@@ -148,6 +148,33 @@ class RunRepository:
         assert ticket is not None
         return ticket
 
+    async def create_once(self, *, lane: str, task: str, requester_id: int | None, owner: str,
+                          idempotency_key: str, now: float) -> tuple[RunTicket, bool]:
+        """`create`, idempotent on `idempotency_key`: the ticket already recorded under that key (and
+        False) when there is one — whichever task or process asked first — else a new one (and True).
+        A start retried after a crash finds the run the first attempt recorded, never a second."""
+        async with self.store.transaction() as db:
+            async with db.execute("SELECT id FROM runs WHERE idempotency_key = ?", (idempotency_key,)) as cursor:
+                row = await cursor.fetchone()
+            created = row is None
+            if created:
+                cursor = await db.execute(
+                    "INSERT INTO runs (lane, task, state, requester_id, owner, idempotency_key, created_at, "
+                    "updated_at) VALUES (?, ?, 'starting', ?, ?, ?, ?, ?)",
+                    (lane, task, requester_id, owner, idempotency_key, now, now))
+                run_id = int(cursor.lastrowid)
+                await db.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'created', ?)",
+                                 (run_id, now, f"on {lane}"))
+            else:
+                run_id = int(row[0])
+        ticket = await self.get(run_id)
+        assert ticket is not None
+        return ticket, created
+
+    async def by_idempotency_key(self, idempotency_key: str) -> RunTicket | None:
+        row = await self.store.fetchone("SELECT * FROM runs WHERE idempotency_key = ?", (idempotency_key,))
+        return _ticket(row) if row else None
+
     async def get(self, run_id: int) -> RunTicket | None:
         row = await self.store.fetchone("SELECT * FROM runs WHERE id = ?", (run_id,))
         return _ticket(row) if row else None

@@ -83,6 +83,11 @@ def _scrub(obs: Observation, secrets: Sequence[str] = ()) -> Observation:
     return _scrub_with(obs, Scrubber(secrets))
 
 
+def _already(ticket: RunTicket) -> dict[str, Any]:
+    return {"run": ticket.id, "lane": ticket.lane, "state": ticket.state.value,
+            "summary": f"run {ticket.id} was already started on {ticket.lane}"}
+
+
 def _state_event(before: RunTicket, after: RunTicket) -> tuple[str, str] | None:
     if before.state != after.state:
         detail = f"{before.state.value} -> {after.state.value}"
@@ -187,16 +192,21 @@ class RunService:
     # -- delegate ----------------------------------------------------------------------------------
 
     async def delegate(self, task: str, requester_id: int | None = None, *, context: str = "",
-                       scrub: Sequence[str] = ()) -> dict[str, Any]:
+                       scrub: Sequence[str] = (), idempotency_key: str | None = None) -> dict[str, Any]:
         """Record a ticket on the first available lane and return at once; the lane is asked in the
         background. Every lane skipped is named in the answer; none available → a refusal.
 
         `context` goes to the agent after the task when the run starts and is never stored or shown
         (a call's transcript, a short-lived token). Each string in `scrub` is scrubbed from everything the
-        run reports before it is stored, spoken or posted."""
+        run reports before it is stored, spoken or posted.
+
+        `idempotency_key`: one key, one run — asked again with it (a retry after a crash, another
+        process), this answers with the run first recorded under it and starts nothing."""
         task = (task or "").strip()
         if not task:
             return {"error": "say what the background agent should do"}
+        if idempotency_key and (known := await self.repo.by_idempotency_key(idempotency_key)) is not None:
+            return _already(known)
         probes: list[LaneProbe] = []
         chosen: Lane | None = None
         for name in self.config.lanes:
@@ -213,9 +223,11 @@ class RunService:
             return {"error": f"no agent lane is available, so nothing was started. {missing}"}
         own = tuple(s for s in scrub if s)
         scrubber = self._scrubber.with_secrets(own) if own else self._scrubber
-        ticket = await self.repo.create(lane=chosen.name, task=scrubber(task), requester_id=requester_id,
-                                        owner=self.owner, idempotency_key=f"switchboard-{secrets.token_hex(16)}",
-                                        now=self._clock())
+        ticket, created = await self.repo.create_once(
+            lane=chosen.name, task=scrubber(task), requester_id=requester_id, owner=self.owner,
+            idempotency_key=idempotency_key or f"switchboard-{secrets.token_hex(16)}", now=self._clock())
+        if not created:  # another process recorded it in the meantime: that run is this one
+            return _already(ticket)
         if own:
             self._run_secrets[ticket.id] = own
         self._spawn(self._run(ticket, context), f"run-{ticket.id}")
@@ -499,6 +511,8 @@ class RunService:
             number = int(str(run_id).strip().lstrip("#"))
         except (TypeError, ValueError):
             raise UnknownRun(run_id) from None
+        if not 1 <= number <= 2**63 - 1:  # a model's or a user's huge number is no run, not an OverflowError
+            raise UnknownRun(run_id)
         ticket = await self.repo.get(number)
         if ticket is None:
             raise UnknownRun(number)

@@ -252,6 +252,8 @@ async def _start_when_ready(bot: SwitchboardBot, listener, delivery: ListenerDel
         await listener.start()
         if posted := await delivery.flush_waiting():
             log.info("posted %d result(s) that were waiting for their call card", posted)
+        if resumed := await listener.pipeline.resume():
+            log.info("started the jobs of %d call(s) that a stop or crash had left without a run", len(resumed))
     except Exception as exc:  # said once, plainly; Discord and the runs keep going
         log.error("the Smartnumbers listener did not start: %s", exc)
         return

@@ -6,8 +6,9 @@ import base64
 import binascii
 
 # View Channel, Send Messages, Embed Links, Connect, Speak; Create Public Threads and Send Messages in
-# Threads for a call's live captions (a thread under the channel `/talk join` was used in).
-PERMISSIONS = (1 << 10) | (1 << 11) | (1 << 14) | (1 << 20) | (1 << 21) | (1 << 35) | (1 << 38)
+# Threads for a call's live captions (a thread under the channel `/talk join` was used in); Read
+# Message History for results posted as replies under a call card (without it: Discord error 160002).
+PERMISSIONS = (1 << 10) | (1 << 11) | (1 << 14) | (1 << 16) | (1 << 20) | (1 << 21) | (1 << 35) | (1 << 38)
 SCOPES = "bot%20applications.commands"
 
 

@@ -1,5 +1,19 @@
 """Open the shared database owner-only, in WAL mode, and apply each package's migrations once.
 
+Many processes share this file (`run`, `listen`, the CLI, an agent run changing callbacks), so each
+process opens two connections and never mixes their jobs:
+
+- the **writer** runs only `BEGIN IMMEDIATE … COMMIT` transactions and single-statement writes, one
+  at a time in this process. It never holds a read open between them, so taking the write lock
+  always goes through SQLite's busy wait. (A write on a connection that still holds an older read
+  snapshot is refused at once, SQLITE_BUSY_SNAPSHOT, which no busy timeout covers.)
+- the **reader** runs every `fetchone`/`fetchall` as its own short statement (WAL: it never blocks
+  and is never blocked by a writer) and sees every commit made before it started.
+
+A write that still finds the database locked after the busy wait is tried again a few times after a
+jittered pause, then fails with a `StoreError` that says what to do. So does a file that is not a
+usable database: nothing is ever deleted or recreated for the user.
+
 Each package declares its own `Migration(package, version, sql)` list next to its repository module
 and passes it in when the store is opened; versions are applied in order, each in one transaction
 together with its row in `schema_migrations`, so a crash leaves either all of a migration or none.
@@ -11,19 +25,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import re
 import sqlite3
 import stat
+import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import aiosqlite
+
+from .errors import MigrationError, StoreError, is_busy, store_problem
 
 DB_FILENAME = "switchboard.db"
 _SIDECARS = ("-wal", "-shm", "-journal")
 _PACKAGE = re.compile(r"^[a-z][a-z0-9_.]{0,63}$")
+T = TypeVar("T")
 
 _BOOTSTRAP = """
 CREATE TABLE IF NOT EXISTS schema_migrations (
@@ -35,12 +55,24 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
 """
 
 
-class StoreError(RuntimeError):
-    """The database cannot be opened or used; the message says which file and what to do."""
+@dataclass(frozen=True)
+class Busy:
+    """How long a write waits for another process: SQLite's own busy wait (`timeout_s`) per attempt,
+    then up to `attempts` tries in all, with a jittered exponential pause between them. `sleep` and
+    `random` are injectable so tests never wait for real."""
 
+    timeout_s: float = 5.0
+    attempts: int = 5
+    first_pause_s: float = 0.05
+    max_pause_s: float = 1.0
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, compare=False)
+    random: Callable[[], float] = field(default=random.random, compare=False)
 
-class MigrationError(StoreError):
-    """A package's migration list is malformed, or the database is newer than this code."""
+    def pause(self, attempt: int) -> float:
+        """The pause after failed attempt `attempt` (0-based): between half and one and a half times
+        the doubled step, so processes that collided do not collide again in lockstep."""
+        step = min(self.max_pause_s, self.first_pause_s * (2 ** attempt))
+        return step * (0.5 + self.random())
 
 
 @dataclass(frozen=True)
@@ -65,6 +97,12 @@ def _check(migrations: Iterable[Migration]) -> dict[str, list[Migration]]:
             raise MigrationError(f"migrations of {package!r} must be numbered 1..n without gaps or "
                                  f"repeats, got {versions}")
     return by_package
+
+
+def newer_than_known(path: Path, package: str, current: int, known: int) -> MigrationError:
+    return MigrationError(f"{path} has {package} schema version {current}, newer than this Switchboard knows "
+                          f"({known}): upgrade Switchboard (or point SWITCHBOARD_HOME elsewhere); nothing was "
+                          f"changed")
 
 
 def split_statements(sql: str) -> list[str]:
@@ -101,13 +139,19 @@ def _tighten(path: Path) -> None:
 
 
 class Store:
-    """One aiosqlite connection in autocommit mode; multi-statement writes go through `transaction()`."""
+    """The shared database: a writer connection for transactions and single-statement writes, a
+    reader connection for queries (see the module docstring). Methods raise `StoreError` (one line,
+    names the file, says what to do) when the file is damaged or stays locked."""
 
-    def __init__(self, path: Path, db: aiosqlite.Connection, clock: Callable[[], float]) -> None:
+    def __init__(self, path: Path, writer: aiosqlite.Connection, reader: aiosqlite.Connection,
+                 clock: Callable[[], float], busy: Busy) -> None:
         self.path = path
-        self.db = db
+        self.db = writer  # the writer: only inside `transaction()`, or one autocommit statement
+        self.reader = reader
         self._clock = clock
+        self._busy = busy
         self._write_lock = asyncio.Lock()
+        self._closed = False
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -120,38 +164,79 @@ class Store:
         for path in self.files:
             _tighten(path)
 
+    async def _retry(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run `operation`, again after a jittered pause while the database stays locked; a damaged
+        file or a lock that outlasts every attempt becomes one StoreError line."""
+        for attempt in range(self._busy.attempts):
+            try:
+                return await operation()
+            except sqlite3.Error as exc:
+                if not is_busy(exc) or attempt == self._busy.attempts - 1:
+                    raise self._problem(exc) from None
+            await self._busy.sleep(self._busy.pause(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _problem(self, exc: sqlite3.Error) -> Exception:
+        if is_busy(exc):
+            waited = self._busy.timeout_s * self._busy.attempts
+            return StoreError(f"{self.path} stayed locked by another process for over {waited:.0f} s: try again; "
+                              "if it persists, stop the other Switchboard processes using this SWITCHBOARD_HOME")
+        problem = store_problem(self.path, exc)
+        return StoreError(problem) if problem else exc
+
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
-        """BEGIN IMMEDIATE … COMMIT (ROLLBACK on error), one writer of this process at a time."""
+        """BEGIN IMMEDIATE … COMMIT (ROLLBACK on error) on the writer, one transaction of this
+        process at a time. Everything read through the yielded connection is read under the write
+        lock, so a read-then-write inside it is atomic across processes. Keep it short: no network,
+        no model calls inside."""
         async with self._write_lock:
-            await self.db.execute("BEGIN IMMEDIATE")
+            await self._retry(lambda: self.db.execute("BEGIN IMMEDIATE"))
             try:
                 yield self.db
-            except BaseException:
+                await self.db.execute("COMMIT")
+            except BaseException as exc:
+                # Queued at once on the writer's thread, so it runs even if this task is cancelled
+                # again: a transaction left open would hold every other process's writes.
                 with contextlib.suppress(Exception):
-                    await self.db.execute("ROLLBACK")
+                    await asyncio.shield(self._rollback())
+                if isinstance(exc, sqlite3.Error):
+                    raise self._problem(exc) from None
                 raise
-            await self.db.execute("COMMIT")
+
+    async def _rollback(self) -> None:
+        if self.db.in_transaction:
+            await self.db.execute("ROLLBACK")
 
     async def execute(self, sql: str, params: Sequence = ()) -> int:
         """One statement, committed at once; returns the number of rows changed."""
+        async def run() -> int:
+            async with self.db.execute(sql, params) as cursor:
+                return cursor.rowcount
+
         async with self._write_lock:
-            cursor = await self.db.execute(sql, params)
-            return cursor.rowcount
+            return await self._retry(run)
 
     async def insert(self, sql: str, params: Sequence = ()) -> int:
         """One INSERT, committed at once; returns the new row id."""
+        async def run() -> int:
+            async with self.db.execute(sql, params) as cursor:
+                return int(cursor.lastrowid)
+
         async with self._write_lock:
-            cursor = await self.db.execute(sql, params)
-            return int(cursor.lastrowid)
+            return await self._retry(run)
 
     async def fetchone(self, sql: str, params: Sequence = ()) -> sqlite3.Row | None:
-        async with self.db.execute(sql, params) as cursor:
-            return await cursor.fetchone()
+        return await self._retry(lambda: self._read(_first, sql, params))
 
     async def fetchall(self, sql: str, params: Sequence = ()) -> list[sqlite3.Row]:
-        async with self.db.execute(sql, params) as cursor:
-            return list(await cursor.fetchall())
+        return await self._retry(lambda: self._read(_every, sql, params))
+
+    async def _read(self, read: Callable[[sqlite3.Connection, str, Sequence], T], sql: str, params: Sequence) -> T:
+        # One call on the reader's thread: the statement runs, is read and is closed before any other
+        # task's read runs there. A statement left open between awaits would keep the reader's snapshot
+        # open, and every other task's read would see the database as it was then, missing later commits.
+        return await self.reader._execute(read, self.reader._conn, sql, params)
 
     async def versions(self) -> dict[str, int]:
         """The highest applied version of every package."""
@@ -167,8 +252,7 @@ class Store:
                                       (package,)) as cursor:
                     current = (await cursor.fetchone())[0] or 0
                 if current > len(items):
-                    raise MigrationError(f"{self.path} has {package} schema version {current}, newer than "
-                                         f"this Switchboard knows ({len(items)}); upgrade Switchboard")
+                    raise newer_than_known(self.path, package, current, len(items))
                 for migration in items[current:]:
                     for statement in split_statements(migration.sql):
                         await db.execute(statement)
@@ -179,52 +263,95 @@ class Store:
         return applied
 
     async def close(self) -> None:
-        await self.db.close()
+        """Close both connections; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        for connection in (self.reader, self.db):
+            with contextlib.suppress(Exception):
+                await connection.close()
 
 
-async def _enter_wal(db: aiosqlite.Connection, attempts: int = 100) -> str:
+def _first(conn: sqlite3.Connection, sql: str, params: Sequence) -> sqlite3.Row | None:
+    cursor = conn.execute(sql, params)
+    try:
+        return cursor.fetchone()
+    finally:
+        cursor.close()
+
+
+def _every(conn: sqlite3.Connection, sql: str, params: Sequence) -> list[sqlite3.Row]:
+    cursor = conn.execute(sql, params)
+    try:
+        return cursor.fetchall()
+    finally:
+        cursor.close()
+
+
+async def _connect(path: Path, busy: Busy) -> aiosqlite.Connection:
+    """An aiosqlite connection whose worker thread is a daemon: a store left open (a test that
+    failed, a crash on the way out) must not keep the interpreter alive waiting for it at exit."""
+    connection = aiosqlite.connect(path, isolation_level=None, timeout=busy.timeout_s)
+    worker = getattr(connection, "_thread", None)  # aiosqlite starts it on first await, non-daemon
+    if isinstance(worker, threading.Thread) and not worker.is_alive():
+        worker.daemon = True
+    db = await connection
+    db.row_factory = sqlite3.Row
+    return db
+
+
+async def _enter_wal(store: Store) -> str:
     """PRAGMA journal_mode=WAL, retried: SQLite answers a concurrent switch with SQLITE_BUSY at once,
     without calling the busy handler, when two processes create the database together."""
-    for attempt in range(attempts):
-        try:
-            return str((await (await db.execute("PRAGMA journal_mode=WAL")).fetchone())[0])
-        except sqlite3.OperationalError as exc:
-            if "locked" not in str(exc) or attempt == attempts - 1:
-                raise
-            await asyncio.sleep(0.01)
-    raise AssertionError("unreachable")  # pragma: no cover
+    async def switch() -> str:
+        async with store.db.execute("PRAGMA journal_mode=WAL") as cursor:
+            return str((await cursor.fetchone())[0])
+
+    async with store._write_lock:
+        return await store._retry(switch)
 
 
 async def open_store(home: Path, migrations: Iterable[Migration] = (), *,
-                     clock: Callable[[], float] = time.time, filename: str = DB_FILENAME) -> Store:
-    """Open (creating) `home/filename` owner-only in WAL mode and apply `migrations`."""
+                     clock: Callable[[], float] = time.time, filename: str = DB_FILENAME,
+                     busy: Busy | None = None) -> Store:
+    """Open (creating) `home/filename` owner-only in WAL mode and apply `migrations`. Raises
+    StoreError (one line) for a home or file that cannot hold the store; deletes nothing."""
     home = Path(home).expanduser()
     path = home / filename
+    busy = busy or Busy()
     from bot.paths import home_problem  # the same line doctor prints
 
     if problem := home_problem(home):
         raise StoreError(problem)
+    if problem := store_problem(path):
+        raise StoreError(problem)
     try:
         _secure_dir(home)
         _secure_file(path)
-        db = await aiosqlite.connect(path, isolation_level=None)
+        writer = await _connect(path, busy)
     except (OSError, sqlite3.Error) as exc:
-        raise StoreError(f"cannot open the database {path}: {exc}; check SWITCHBOARD_HOME and its "
-                         f"permissions") from None
-    db.row_factory = sqlite3.Row
-    store = Store(path, db, clock)
+        raise StoreError(store_problem(path, exc) or f"cannot open the database {path}: {exc}; check "
+                         f"SWITCHBOARD_HOME and its permissions") from None
+    try:
+        reader = await _connect(path, busy)
+    except BaseException:
+        await writer.close()
+        raise
+    store = Store(path, writer, reader, clock, busy)
     try:
         # First: switching to WAL takes the write lock, and another process may be opening it too.
-        await db.execute("PRAGMA busy_timeout=5000")
-        mode = await _enter_wal(db)
-        if str(mode).lower() != "wal":
+        mode = await _enter_wal(store)
+        if mode.lower() != "wal":
             raise StoreError(f"{path} could not switch to WAL mode (got {mode}); is it on a network "
-                             f"filesystem?")
-        await db.execute("PRAGMA foreign_keys=ON")
-        await db.execute("PRAGMA synchronous=FULL")
-        await db.execute(_BOOTSTRAP)
+                             f"filesystem? Keep SWITCHBOARD_HOME on a local disk")
+        await store.execute("PRAGMA foreign_keys=ON")
+        await store.execute("PRAGMA synchronous=FULL")
+        await store.execute(_BOOTSTRAP)
         await store.migrate(migrations)
+        # The reader only reads: a write sent to it by mistake fails loudly instead of racing the writer.
+        await store._retry(lambda: reader.execute("PRAGMA query_only=ON"))
+        await store.fetchone("SELECT COUNT(*) FROM sqlite_master")
     except BaseException:
-        await db.close()
+        await store.close()
         raise
     return store

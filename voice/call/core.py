@@ -376,6 +376,8 @@ class CallCore:
         if answering is None or not self.connected or self._chain_open(answering):
             return []
         self._answering = None
+        if answering in self._uncommitted:  # its commit was never confirmed (refused): it must not take the next one's
+            self._uncommitted.remove(answering)
         return self._advance(self._now) + self._pump()
 
     def _chain_open(self, answering: _Answering) -> bool:

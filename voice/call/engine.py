@@ -142,7 +142,20 @@ class CallEngine:
 
         Raises CallFailed when the provider cannot be reached or the connection cannot be restored.
         """
-        self._ws = await self._open()
+        opening = asyncio.ensure_future(self._open())
+        stopped = asyncio.ensure_future(self._done.wait())
+        try:
+            await asyncio.wait({opening, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+            if not opening.done():  # stop() (/talk leave, SIGTERM) during the handshake: do not wait it out
+                opening.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await opening
+        if opening.cancelled():
+            self._execute(self.core.end(self._clock()))
+            return
+        self._ws = opening.result()
         self._execute(self.core.start(self._clock()))
         workers = [
             asyncio.create_task(self._writer(), name="realtime-writer"),

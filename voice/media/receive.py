@@ -384,7 +384,10 @@ class Receiver:
         self._ignored.discard(ssrc)
         stream = self._streams.get(ssrc)
         if stream is not None and previous is not None and previous != user_id:
-            stream.decoder = None  # a new owner gets a fresh decoder state
+            # a new owner is a new stream: a fresh decoder, and their own RTP sequence numbers (those the
+            # previous owner used are not replays of theirs)
+            stream.decoder = None
+            stream.top, stream.mask = -1, 0
         if stream is not None:
             stream.user_id = user_id
 

@@ -22,6 +22,7 @@ from .speaker import SILENCE_FRAME, PacedSpeaker, SpeakerPlayback
 
 FRAME_S = FRAME_MS / 1000
 _READ_FRAMES = 4800  # sample frames of IN.wav read per block: 100 ms at 48 kHz
+SILENT_PEAK = 33  # -60 dBFS in 16-bit samples: an input that never gets louder holds no speech
 SleepFn = Callable[[float], Awaitable[object]]
 
 
@@ -62,6 +63,7 @@ class FileTransport(SpeakerPlayback):
         self._writer: WavWriter | None = None
         self._playback: asyncio.Task[None] | None = None
         self._input_closed = False
+        self._input_peak: int | None = None  # the loudest input sample, once the whole WAV has been read
         self.input_done = asyncio.Event()  # set once the WAV has been yielded (or input was closed)
 
     @property
@@ -76,6 +78,11 @@ class FileTransport(SpeakerPlayback):
             return None
         return (f"{self.input_path} is cut short: its header says {(fmt.claimed_frames or 0) / fmt.rate:.1f} s of "
                 f"audio, the file holds {fmt.frames / fmt.rate:.2f} s; using what is there")
+
+    @property
+    def input_silent(self) -> bool:
+        """True once the whole of IN.wav has been read and no sample of it rose above -60 dBFS."""
+        return self._input_peak is not None and self._input_peak <= SILENT_PEAK
 
     @property
     def output_ms(self) -> int:
@@ -112,9 +119,13 @@ class FileTransport(SpeakerPlayback):
         """IN.wav as 24 kHz mono frames, read and converted a block at a time; the last one padded."""
         chunker = FrameChunker(FRAME_BYTES)
         converter = MonoConverter(self._format.rate)
+        peak = 0
         with WavReader(self.input_path) as reader:
             for block in reader.blocks(_READ_FRAMES):
+                if len(block):  # as read: resampling must not hide (or invent) a sound
+                    peak = max(peak, int(np.abs(block.astype(np.int32)).max()))
                 yield from chunker.push(converter.convert(block))
+        self._input_peak = peak
         yield from chunker.push(converter.convert(np.zeros(0, np.int16), last=True))
         tail = chunker.flush()
         if tail is not None:

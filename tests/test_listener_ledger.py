@@ -1,0 +1,161 @@
+"""The execution ledger on a real SQLite file: of any number of claims on one job slot — tasks of one
+process, connections of their own, real processes — exactly one wins; a claim held by a live owner
+is not taken, one left by an owner that is gone is; the same goes for the runs' delivery claim and
+for recording a run under an intent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from bot.compose import STORE_MIGRATIONS
+from bot.runs.repository import RunRepository
+from bot.store import open_store
+from listener.archive import ExecutionLedger, process_alive, process_owner
+
+HELPER = str(Path(__file__).resolve().parent / "support" / "ledger_claim.py")
+KEY = '["command","call_1","turn",0]'
+NOW = 1_750_000_000.0
+
+
+async def seeded(home: Path, *, slot: str | None = None, run_state: str | None = None):
+    """A store with call_1 archived; `slot`: its command slot's state left by an earlier attempt;
+    `run_state`: run 1 in that state."""
+    store = await open_store(home, STORE_MIGRATIONS)
+    await store.execute("INSERT INTO transcripts (id, conversation_id, raw, received_at) VALUES (1, 'call_1', '', ?)",
+                        (NOW,))
+    if slot is not None:
+        await store.execute("INSERT INTO listener_jobs (dedupe_key, transcript_id, kind, state, created_at) VALUES "
+                            "(?, 1, 'command', ?, ?)", (KEY, slot, NOW))
+    if run_state is not None:
+        await store.execute("INSERT INTO runs (id, lane, task, state, owner, idempotency_key, created_at, updated_at) "
+                            "VALUES (1, 'command', 't', ?, 'o', 'k', 0, 0)", (run_state,))
+    return store
+
+
+def claim(ledger: ExecutionLedger):
+    return ledger.claim_job(key=KEY, transcript_id=1, kind="command", label="book it", deliver="")
+
+
+@pytest.mark.parametrize("slot", [None, "error"])
+async def test_two_tasks_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot):
+    store = await seeded(tmp_path, slot=slot)
+    try:
+        ledger = ExecutionLedger(store, owner=process_owner(), clock=lambda: NOW)
+        first, second = await asyncio.gather(claim(ledger), claim(ledger))
+        assert sorted([first.won, second.won]) == [False, True]
+        loser = second if first.won else first
+        assert loser.holder == ledger.owner and not loser.done  # held by the winning task, still starting
+        await ledger.started(KEY, "run-7")
+        again = await claim(ledger)
+        assert again.done and again.job_id == "run-7" and not again.won
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("slot", [None, "error"])
+async def test_two_connections_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot):
+    """Two stores (two connections each, as two processes have) and two owners that are both alive."""
+    store = await seeded(tmp_path, slot=slot)
+    other = await open_store(tmp_path, STORE_MIGRATIONS)
+    try:
+        one = ExecutionLedger(store, owner="host-a:1:?:a", alive=lambda owner: True, clock=lambda: NOW)
+        two = ExecutionLedger(other, owner="host-b:2:?:b", alive=lambda owner: True, clock=lambda: NOW)
+        answers = await asyncio.gather(*(claim(ledger) for ledger in (one, two, one, two)))
+        assert [a.won for a in answers].count(True) == 1
+        winner = (one, two, one, two)[[a.won for a in answers].index(True)]
+        assert {a.holder for a in answers if not a.won} == {winner.owner}
+    finally:
+        await other.close()
+        await store.close()
+
+
+async def test_a_claim_left_by_an_owner_that_is_gone_is_taken_again_and_a_live_ones_is_not(tmp_path):
+    store = await seeded(tmp_path)
+    try:
+        gone = {"host-a:1:?:a"}
+        crashed = ExecutionLedger(store, owner="host-a:1:?:a", clock=lambda: NOW)
+        assert (await claim(crashed)).won  # ... and the process dies before its run exists
+        alive_elsewhere = ExecutionLedger(store, owner="host-b:2:?:b", alive=lambda o: o not in gone,
+                                          clock=lambda: NOW)
+        assert (await claim(alive_elsewhere)).won
+        late = ExecutionLedger(store, owner="host-c:3:?:c", alive=lambda o: True, clock=lambda: NOW + 60)
+        held = await claim(late)
+        assert not held.won and held.holder == "host-b:2:?:b"
+        stale = ExecutionLedger(store, owner="host-c:3:?:c", alive=lambda o: True, clock=lambda: NOW + 601)
+        assert (await claim(stale)).won  # a live owner that hung on the start for ten minutes
+    finally:
+        await store.close()
+
+
+def test_a_process_owner_is_alive_exactly_while_its_process_runs():
+    import subprocess
+
+    assert process_alive(process_owner())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    owner = process_owner().split(":")
+    assert not process_alive(":".join([owner[0], str(child.pid), "?", "x"]))
+    assert not process_alive("another-host:1:?:x") and not process_alive("garbage")
+
+
+async def claims_in_processes(home: Path, what: str, count: int) -> list[dict]:
+    """`count` processes make the same claim at the same moment; their answers, once all answered."""
+    procs = [await asyncio.create_subprocess_exec(sys.executable, HELPER, str(home), what,
+                                                  stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+             for _ in range(count)]
+    try:
+        for proc in procs:
+            assert await asyncio.wait_for(proc.stdout.readline(), 30) == b"ready\n"
+        for proc in procs:  # every process is waiting: let them all go together
+            proc.stdin.write(b"go\n")
+        await asyncio.gather(*(proc.stdin.drain() for proc in procs))
+        return [json.loads(await asyncio.wait_for(proc.stdout.readline(), 30)) for proc in procs]
+    finally:
+        for proc in procs:  # they held their claims until now
+            if proc.stdin is not None and not proc.stdin.is_closing():
+                proc.stdin.close()
+        for proc in procs:
+            try:
+                await asyncio.wait_for(proc.wait(), 20)
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+@pytest.mark.parametrize("slot", [None, "error"])
+async def test_processes_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot):
+    store = await seeded(tmp_path, slot=slot)
+    await store.close()
+    answers = await claims_in_processes(tmp_path, "job", 2)
+    assert [a["won"] for a in answers].count(True) == 1, answers
+    assert all(a["holder"] for a in answers if not a["won"])  # the loser saw the winner, alive
+
+
+async def test_processes_claiming_one_run_delivery_at_once_give_exactly_one_winner(tmp_path):
+    store = await seeded(tmp_path, run_state="completed")
+    await store.close()
+    answers = await claims_in_processes(tmp_path, "delivery", 2)
+    assert [a["won"] for a in answers].count(True) == 1, answers
+
+
+async def test_tasks_and_processes_recording_a_run_under_one_intent_record_one_run(tmp_path):
+    store = await seeded(tmp_path)
+    try:
+        repo = RunRepository(store)
+        made = await asyncio.gather(*(repo.create_once(lane="command", task="t", requester_id=None, owner="o",
+                                                       idempotency_key="listener-twice", now=1.0) for _ in range(3)))
+        assert [created for _, created in made].count(True) == 1 and len({t.id for t, _ in made}) == 1
+    finally:
+        await store.close()
+    answers = await claims_in_processes(tmp_path, "create", 2)
+    assert [a["won"] for a in answers].count(True) == 1 and len({a["run"] for a in answers}) == 1, answers
+    store = await open_store(tmp_path, STORE_MIGRATIONS)
+    try:
+        assert (await store.fetchone("SELECT COUNT(*) FROM runs"))[0] == 2
+    finally:
+        await store.close()

@@ -1,0 +1,161 @@
+"""The proof that many processes share one store: two `switchboard listen` processes on one home,
+each offered every call by the fake Smartnumbers stream, while a named-command run's
+`switchboard callbacks … --token` writer changes what runs after calls, over and over.
+
+Every call is archived once, every job (the review and the user's named command) is started once
+and posted once, one card per call; an ack says success only when every job of its call has a run
+(an event whose acks all said no is delivered again, as Smartnumbers does); and no process ever
+says "database is locked" or prints a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import os
+import re
+import signal
+import sqlite3
+import sys
+import time
+from pathlib import Path
+
+from bot.compose import STORE_MIGRATIONS
+from bot.store import DB_FILENAME, open_store
+from listener.callbacks import Callbacks, MutationTokens
+from tests.support.fake_smartnumbers import FakeSmartnumbers
+
+ROOT = Path(__file__).resolve().parent.parent
+KEY = "sn-listener-key-processes"
+CALLS = 100  # each offered to both listeners: 200 deliveries, 200 jobs
+JOBS_PER_CALL = 2  # the review, and the user's named command
+WAITING = "waiting for the call card"
+
+
+def call_event(i: int, event_id: str | None = None) -> dict:
+    """A direct transcript (the local-development path: no download) with one named command."""
+    return {"event_id": event_id or f"evt_{i}", "conversation_id": f"call_{i}", "source": "local",
+            "metadata": {"direction": "outbound", "from": "+15550001", "to": f"+1555{i:07d}"},
+            "turns": [{"speaker": "FROM", "text": f"Ares, note that order {i} is confirmed."},
+                      {"speaker": "TO", "text": "Thank you, goodbye."}]}
+
+
+async def prepared(home: Path) -> str:
+    """The review on, and the token a named-command run is given (for the writer)."""
+    store = await open_store(home, STORE_MIGRATIONS)
+    try:
+        await Callbacks(store, clock=lambda: time.time() - 60).set_review("Summarise the call.", deliver="local")
+        return await MutationTokens(store).issue('["call_writer","index",0,0]')  # no call of this test's
+    finally:
+        await store.close()
+
+
+async def writer(home: Path, token: str, stop: asyncio.Event, log: Path) -> list[int]:
+    """A named-command run's agent changing the review again and again while calls come in."""
+    codes: list[int] = []
+    with log.open("ab") as out:
+        while not stop.is_set():
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "bot", "--env-file", os.devnull, "callbacks", "review", "set",
+                f"Summarise the call (revision {len(codes) + 1}).", "--deliver", "local", "--token", token, cwd=ROOT,
+                env={"PATH": os.environ.get("PATH", ""), "HOME": str(home.parent), "SWITCHBOARD_HOME": str(home)},
+                stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out)
+            codes.append(await asyncio.wait_for(proc.wait(), 60))
+    return codes
+
+
+def rows(home: Path, sql: str, params: tuple = ()) -> list[tuple]:
+    with sqlite3.connect(home / DB_FILENAME, timeout=30) as db:
+        return db.execute(sql, params).fetchall()
+
+
+async def until(predicate, what: str, timeout: float = 60.0) -> None:
+    """Wait (polling the shared file: it is the only thing the processes share) until `predicate()`."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.1)
+
+
+async def test_two_listeners_and_a_callbacks_writer_share_one_store_and_lose_nothing(tmp_path):
+    home = tmp_path / "home"
+    token = await prepared(home)
+    logs = [tmp_path / "listen-1.log", tmp_path / "listen-2.log"]
+    stop_writing = asyncio.Event()
+    listeners: list[asyncio.subprocess.Process] = []
+    async with FakeSmartnumbers(key=KEY) as stream:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path), "SWITCHBOARD_HOME": str(home),
+               "TRANSCRIPT_LISTENER_API_KEY": KEY, "SMARTNUMBERS_STREAM_URL": stream.url,
+               "SMARTNUMBERS_ALLOWED_STREAM_HOSTS": "127.0.0.1", "SMARTNUMBERS_ALLOW_INSECURE_LOCAL": "true",
+               "SWITCHBOARD_AGENT_LANES": "command", "SWITCHBOARD_AGENT_COMMAND": "echo agent: {task}"}
+        writing = None
+        try:
+            for n, log in enumerate(logs, start=1):
+                with log.open("wb") as out:
+                    listeners.append(await asyncio.create_subprocess_exec(
+                        sys.executable, "-m", "bot", "--env-file", os.devnull, "listen", cwd=ROOT, env=env,
+                        stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out))
+                await stream.wait_connection(n, timeout=30)
+            writing = asyncio.create_task(writer(home, token, stop_writing, tmp_path / "writer.log"))
+            for i in range(CALLS):  # every call to both listeners at once: they race for each step
+                await stream.send_event(call_event(i), conn=1)
+                await stream.send_event(call_event(i), conn=2)
+            await stream.wait_for(lambda: len(stream.acks) >= 2 * CALLS, timeout=60)
+            for attempt in range(5):  # as Smartnumbers does: an event no listener acked as done comes again
+                unsettled = [i for i in range(CALLS) if not any(a["success"] for _, a in stream.acks_for(f"evt_{i}"))]
+                if not unsettled:
+                    break
+                expected = len(stream.acks) + len(unsettled)
+                for i in unsettled:
+                    await stream.send_event(call_event(i), conn=1 + attempt % 2)
+                await stream.wait_for(lambda n=expected: len(stream.acks) >= n, timeout=60)
+            await until(lambda: rows(home, "SELECT COUNT(*) FROM listener_jobs WHERE delivered IS NOT NULL AND "
+                                           "delivered != ? AND delivered NOT LIKE 'posting by %'", (WAITING,))[0][0]
+                        >= CALLS * JOBS_PER_CALL, "every result to be posted")
+        finally:
+            stop_writing.set()
+            codes = await writing if writing is not None else []
+            for proc in listeners:
+                if proc.returncode is None:
+                    proc.send_signal(signal.SIGTERM)
+            exits = [await asyncio.wait_for(proc.wait(), 30) for proc in listeners]
+        stream.assert_clean()
+
+    texts = [log.read_text(errors="replace") for log in logs]
+    writes = (tmp_path / "writer.log").read_text(errors="replace")
+    for text in (*texts, writes):
+        assert "database is locked" not in text and "Traceback" not in text and "StoreError" not in text, text[-3000:]
+    assert exits == [0, 0], [t[-2000:] for t in texts]
+    assert len(codes) >= 2 and set(codes) == {0}, writes[-2000:]  # the writer got its turn, every time
+
+    # every call archived exactly once
+    archived = rows(home, "SELECT conversation_id FROM transcripts")
+    assert sorted(c for (c,) in archived) == sorted(f"call_{i}" for i in range(CALLS))
+    # every job started exactly once: one run per slot, one slot per run, no other runs
+    slots = rows(home, "SELECT t.conversation_id, j.kind, j.state, j.job_id FROM listener_jobs j JOIN transcripts t "
+                       "ON t.id = j.transcript_id")
+    assert len(slots) == CALLS * JOBS_PER_CALL and {s[2] for s in slots} == {"started"}
+    assert collections.Counter(s[0] for s in slots) == {f"call_{i}": JOBS_PER_CALL for i in range(CALLS)}
+    runs = {f"run-{rid}": task for rid, task in rows(home, "SELECT id, task FROM runs")}
+    unclaimed = {run: task[:120] for run, task in runs.items() if run not in {s[3] for s in slots}}
+    assert sorted(s[3] for s in slots) == sorted(runs), unclaimed  # a run no slot knows: a job started twice
+    assert len(set(runs.values())) == len(runs)
+    jobs_of = collections.defaultdict(set)
+    for conversation, _, _, job_id in slots:
+        jobs_of[conversation].add(job_id)
+    # an ack said success only when every job of its call had a run; every event got one in the end
+    acks = [a for _, a in stream.acks]
+    for ack in acks:
+        if ack["success"]:
+            assert set(ack["job_ids"]) == jobs_of[ack["conversation_id"]], ack
+        else:
+            assert ack["errors"] and all("still" in e["message"] for e in ack["errors"]), ack
+            assert set(ack["job_ids"]) <= jobs_of[ack["conversation_id"]], ack
+    assert {a["conversation_id"] for a in acks if a["success"]} == set(jobs_of)
+    # every result posted once, under one card per call
+    shown = "\n".join(texts)
+    posted = collections.Counter(re.findall(r"\(run (\d+)\)\n", shown))
+    assert posted == {run.removeprefix("run-"): 1 for run in runs}, posted
+    cards = collections.Counter(re.findall(r"── Call to \+1555(\d{7}):", shown))
+    assert cards == {f"{i:07d}": 1 for i in range(CALLS)}, cards
+    assert rows(home, "SELECT COUNT(*) FROM listener_steps")[0][0] == 0  # no claim left behind
