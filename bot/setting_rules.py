@@ -34,6 +34,17 @@ def choices(value: Any, allowed: tuple[str, ...], what: str, also: str = "") -> 
     return tuple(dict.fromkeys(names))
 
 
+def whole_number(value: Any, low: int, high: int, unit: str, example: str) -> int:
+    """A whole number of `unit` between `low` and `high` inclusive."""
+    try:
+        number = int(str(value).strip())
+    except ValueError:
+        raise ValueError(f"is not a whole number of {unit}; e.g. {example}") from None
+    if not low <= number <= high:
+        raise ValueError(f"must be between {low} and {high} {unit}")
+    return number
+
+
 def positive_seconds(value: Any) -> float:
     """A finite number of seconds greater than 0 (`nan`, `inf` and `1e999` refuse)."""
     try:

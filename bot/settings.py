@@ -233,13 +233,7 @@ class Settings(BaseSettings):
     @field_validator("min_interruption_ms", mode="before")
     @classmethod
     def _min_interruption(cls, value: Any) -> int:
-        try:
-            number = int(str(value).strip())
-        except ValueError:
-            raise ValueError("is not a whole number of milliseconds; e.g. 400") from None
-        if not 0 <= number <= 5000:
-            raise ValueError("must be between 0 (any speech interrupts at once) and 5000 milliseconds")
-        return number
+        return rules.whole_number(value, 0, 5000, "milliseconds", "400; 0 = any speech interrupts at once")
 
     @field_validator("deaf_after_s", "idle_leave_s", "agent_timeout_s", "followup_s", mode="before")
     @classmethod
@@ -306,24 +300,12 @@ class Settings(BaseSettings):
     @field_validator("max_message_bytes", mode="before")
     @classmethod
     def _bytes(cls, value: Any) -> int:
-        try:
-            number = int(str(value).strip())
-        except ValueError:
-            raise ValueError("is not a whole number of bytes; e.g. 1048576 (1 MiB)") from None
-        if not 1024 <= number <= 64 << 20:
-            raise ValueError("must be between 1024 and 67108864 bytes")
-        return number
+        return rules.whole_number(value, 1024, 64 << 20, "bytes", "1048576 (1 MiB)")
 
     @field_validator("max_transcript_bytes", mode="before")
     @classmethod
     def _transcript_bytes(cls, value: Any) -> int:
-        try:
-            number = int(str(value).strip())
-        except ValueError:
-            raise ValueError("is not a whole number of bytes; e.g. 20971520 (20 MiB)") from None
-        if not 1024 <= number <= 1 << 30:
-            raise ValueError("must be between 1024 and 1073741824 bytes (1 GiB)")
-        return number
+        return rules.whole_number(value, 1024, 1 << 30, "bytes", "20971520 (20 MiB)")
 
     @field_validator("agent_name", mode="before")
     @classmethod

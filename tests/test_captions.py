@@ -4,12 +4,10 @@ shell through the real discord.py against the loopback fake Discord (sharing the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import re
 import unicodedata
-from collections.abc import AsyncIterator
 
 import discord
 import pytest
@@ -24,8 +22,9 @@ from bot.service.captions import (
     cut_line,
     discord_length,
 )
-from tests.support.fake_discord import FakeDiscord, point_discord_py_at
+from tests.support.fake_discord import FakeDiscord
 from tests.support.fake_discord.checks import pinged
+from tests.support.fake_discord.pointing import gateway_client
 
 AGENT = "Switchboard"
 WAIT_S = 15.0
@@ -285,26 +284,9 @@ class VirtualClock:
         await asyncio.sleep(0)
 
 
-@contextlib.asynccontextmanager
-async def bot_in(fake: FakeDiscord) -> AsyncIterator[discord.Guild]:
+def bot_in(fake: FakeDiscord):
     """A discord.py client on the fake (REST and gateway), once it has cached the guild."""
-    client = discord.Client(intents=discord.Intents.default())
-    available = asyncio.get_running_loop().create_future()
-
-    @client.event
-    async def on_guild_available(guild: discord.Guild) -> None:
-        if not available.done():
-            available.set_result(guild)
-
-    with point_discord_py_at(fake):
-        runner = asyncio.create_task(client.start(fake.token))
-        try:
-            yield await asyncio.wait_for(available, WAIT_S)
-        finally:
-            runner.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await runner
-            await client.close()
+    return gateway_client(fake, timeout=WAIT_S)
 
 
 def captions_for(guild: discord.Guild, fake: FakeDiscord, clock: VirtualClock) -> CaptionThread:

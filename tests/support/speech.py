@@ -17,6 +17,16 @@ from voice.audio import read_wav
 FRAME_48K_STEREO = 48_000 * 2 * 2 // 50  # 3840 bytes
 
 
+# Five different sentences: different speakers say different things (Silero tests and benches).
+UTTERANCES = (
+    "please check the build and tell me when the tests are green",
+    "what time is the meeting with the design team tomorrow",
+    "turn the music down a little, I can barely hear anyone",
+    "the deployment failed again on the second server",
+    "can somebody read me the last three messages in the channel",
+)
+
+
 @functools.lru_cache(maxsize=32)
 def speech_frames(text: str, *, voice: str = "en", speed: int = 175) -> tuple[bytes, ...]:
     """`text` spoken by espeak-ng as 20 ms frames of 48 kHz stereo s16le (the receiver's output)."""
