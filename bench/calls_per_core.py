@@ -253,7 +253,7 @@ class Call:
         self.vc: ListeningVoiceClient | None = None
         self.sock: socket.socket | None = None
         if shell == "discord":
-            self.vc = ListeningVoiceClient(client, _Channel(CHANNEL0 + index))
+            self.vc = ListeningVoiceClient(client, _Channel(CHANNEL0 + index), pcm_rate=24_000, pcm_channels=1)
             conn = self.vc._connection
             conn.secret_key, conn.mode, conn.ssrc = list(self.key), XCHACHA, 1
             conn.dave_session, conn.dave_protocol_version = self.bot, 1
@@ -272,7 +272,7 @@ class Call:
             conn._socket_reader.resume()
         else:
             conn = FakeConnection(list(self.key), ssrc=1, dave_session=self.bot, dave_protocol_version=1)
-            self.receiver = Receiver(conn, self.transport.on_speech)
+            self.receiver = Receiver(conn, self.transport.on_speech, pcm_rate=24_000, pcm_channels=1)
         self.receiver.on_ws_message({"op": 5, "d": {"user_id": str(self.user_id), "ssrc": SSRC, "speaking": 1}})
         provider = OpenAIRealtime("bench", "gpt-realtime-2.1-mini", "marin", url=url)
         options = CallOptions(endpointing="local", vad=VadConfig(), reply_to="everyone", followup_s=15.0,
@@ -522,7 +522,7 @@ def compute_baseline(calls: list[Call], bank: SileroBank, ticks: int) -> dict[st
         for c in calls:
             room = RoomTransport(vad=bank, clock=lambda: 0.0)
             rx = Receiver(FakeConnection(list(c.key), ssrc=1, dave_session=c.bot, dave_protocol_version=1),
-                          room.on_speech)
+                          room.on_speech, pcm_rate=24_000, pcm_channels=1)
             rx.on_ws_message({"op": 5, "d": {"user_id": str(c.user_id), "ssrc": SSRC, "speaking": 1}})
             rooms.append(room)
             receivers.append(rx.on_packet)

@@ -10,7 +10,8 @@ endpointing delay per speaker, and addressed mode's transcription wait.
 
      receive   every speaker's genuine packet -> Receiver.on_packet (transport decrypt, replay
                window, DAVE decrypt, Opus decode to 48 kHz stereo)
-     resample  RoomTransport.on_speech per frame (downmix, 48 -> 24 kHz HQ, re-chunk, queue)
+     resample  RoomTransport.on_speech per frame (the receiver decodes straight to 24 kHz mono, as a call's
+               does, so this is the hand-off and queue; 48 kHz input would be downmixed and resampled here)
      vad       RoomTransport.tick(): each member's oldest frame into their own stream of the shared
                SileroBank (24 -> 16 kHz, windows), one batched session.run per tick over everyone
      turns     CallCore.on_room_audio (local endpointing, per-speaker turns) with a real
@@ -181,7 +182,7 @@ def make_core(answers_to: str = "everyone") -> CallCore:
 
 
 def make_receiver(conn: FakeConnection, speakers: list[Speaker], on_audio) -> Receiver:
-    rx = Receiver(conn, on_audio)
+    rx = Receiver(conn, on_audio, pcm_rate=24_000, pcm_channels=1)  # as a call's receiver: the model's format
     for s in speakers:
         rx.on_ws_message({"op": 5, "d": {"user_id": str(s.user_id), "ssrc": s.ssrc, "speaking": 1}})
     return rx

@@ -6,6 +6,7 @@ import os
 import random
 
 import davey
+import numpy as np
 import pytest
 
 from tests.support.dave_group import DaveGroup
@@ -453,3 +454,20 @@ def test_op5_handing_an_ssrc_to_another_user_whose_sequence_starts_behind_keeps_
         rx.on_packet(bob.packet(frame))
     assert heard.users() == [ALICE] * 40 + [BOB] * 10, rx.nonzero_stats()
     assert rx.stats["duplicate"] == rx.stats["stale"] == 0
+
+
+def test_the_receiver_can_decode_straight_to_the_models_24_khz_mono():
+    group = DaveGroup(CHANNEL)
+    bot, alice = group.join(BOT), group.join(ALICE)
+    key = os.urandom(32)
+    got: list[bytes] = []
+    rx = Receiver(FakeConnection(list(key), ssrc=1, dave_session=bot, dave_protocol_version=1),
+                  lambda user, ssrc, pcm: got.append(pcm), pcm_rate=24_000, pcm_channels=1)
+    sender = DiscordSender(777, list(key), alice)
+    rx.on_ws_message({"op": 5, "d": {"user_id": str(ALICE), "ssrc": 777, "speaking": 1}})
+    for frame in opus_frames(523.0, 30):
+        rx.on_packet(sender.packet(frame))
+    assert len(got) == 30 and {len(p) for p in got} == {960}  # 20 ms of 24 kHz mono s16le
+    mono = np.frombuffer(b"".join(got[5:]), dtype="<i2").astype(np.float64)
+    spectrum = np.abs(np.fft.rfft(mono))
+    assert abs(np.argmax(spectrum) * 24_000 / len(mono) - 523.0) < 5  # the same tone, at the model's rate

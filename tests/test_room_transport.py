@@ -84,3 +84,11 @@ async def test_one_clock_runs_the_vad_once_per_tick_over_every_room_in_the_proce
     assert heard[0] >= 6 and heard == [heard[0]] * 3  # every whole frame of every room arrived
     assert bank.runs[:heard[0]] == [3] * heard[0]  # one run per tick, all three rooms' members in it
     await clock.aclose()
+
+
+def test_frames_already_in_the_models_format_are_queued_as_they_are():
+    room = RoomTransport()
+    frames = [np.full(480, 1000 + i, dtype="<i2").tobytes() for i in range(3)]  # 20 ms of 24 kHz mono each
+    for frame in frames:
+        room.on_speech(ALICE, 1, frame)
+    assert [room.tick().frames[ALICE].pcm for _ in frames] == frames  # no resampler delay, no change

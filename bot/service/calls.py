@@ -113,7 +113,8 @@ class CallManager:
             if existing is not None:
                 await self._leave_locked(guild.id, "moving to another channel")
             provider = self._provider()  # per call: its own socket, key checked at start-up
-            voice = await channel.connect(cls=ListeningVoiceClient.factory(deaf_after_s=self._deaf_after_s),
+            voice = await channel.connect(cls=ListeningVoiceClient.factory(deaf_after_s=self._deaf_after_s,
+                                                                           pcm_rate=24_000, pcm_channels=1),
                                           self_deaf=False, timeout=CONNECT_TIMEOUT_S, reconnect=True)
             assert isinstance(voice, ListeningVoiceClient)
             loop = asyncio.get_running_loop()

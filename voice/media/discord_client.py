@@ -119,18 +119,21 @@ class ListeningVoiceClient(discord.VoiceClient):
     """
 
     def __init__(self, client: discord.Client, channel: discord.abc.Connectable, *,
-                 deaf_after_s: float = 5.0) -> None:
+                 deaf_after_s: float = 5.0, pcm_rate: int = 48_000, pcm_channels: int = 2) -> None:
         self.receiver: Receiver | None = None
         self._listening = False
         super().__init__(client, channel)
         self._sinks: list[SpeechSink] = []
-        self.receiver = Receiver(self._connection, self._from_reader_thread, deaf_after_s=deaf_after_s)
+        self.receiver = Receiver(self._connection, self._from_reader_thread, deaf_after_s=deaf_after_s,
+                                 pcm_rate=pcm_rate, pcm_channels=pcm_channels)
 
     @classmethod
-    def factory(cls, *, deaf_after_s: float) -> Callable[[discord.Client, discord.abc.Connectable],
-                                                         ListeningVoiceClient]:
-        """What `channel.connect(cls=...)` takes, with settings discord.py's `cls(client, channel)` cannot pass."""
-        return lambda client, channel: cls(client, channel, deaf_after_s=deaf_after_s)
+    def factory(cls, *, deaf_after_s: float, pcm_rate: int = 48_000,
+                pcm_channels: int = 2) -> Callable[[discord.Client, discord.abc.Connectable], ListeningVoiceClient]:
+        """What `channel.connect(cls=...)` takes, with settings discord.py's `cls(client, channel)` cannot pass.
+        `pcm_rate`/`pcm_channels`: the PCM sinks get (a call asks for the model's 24 kHz mono)."""
+        return lambda client, channel: cls(client, channel, deaf_after_s=deaf_after_s, pcm_rate=pcm_rate,
+                                           pcm_channels=pcm_channels)
 
     def create_connection_state(self) -> VoiceConnectionState:
         return _ListeningConnectionState(self, hook=self._voice_ws_hook, observer=self._on_flow_state)

@@ -63,29 +63,33 @@ def load_libopus() -> ctypes.CDLL:
 
 
 class OpusDecoder:
-    """A stateful 48 kHz stereo decoder for one stream (one SSRC). Not thread-safe."""
+    """A stateful decoder for one stream (one SSRC), 48 kHz stereo unless asked otherwise. Not thread-safe.
 
-    __slots__ = ("_lib", "_state", "_buf", "_decode")
+    Opus decodes at any of 8/12/16/24/48 kHz, mono or stereo, from the same packets: asking for the
+    model's 24 kHz mono costs about half a 48 kHz stereo decode and needs no downmix or resampler."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_lib", "_state", "_buf", "_decode", "_sample_bytes")
+
+    def __init__(self, rate: int = SAMPLE_RATE, channels: int = CHANNELS) -> None:
         lib = load_libopus()
         err = ctypes.c_int()
-        state = lib.opus_decoder_create(SAMPLE_RATE, CHANNELS, ctypes.byref(err))
+        state = lib.opus_decoder_create(rate, channels, ctypes.byref(err))
         if err.value != 0 or not state:
             raise OpusUnavailable(f"opus_decoder_create failed ({err.value})")
         self._lib = lib
         self._state = state
         self._buf = (ctypes.c_int16 * (_MAX_SAMPLES * CHANNELS))()
         self._decode = lib.opus_decode
+        self._sample_bytes = 2 * channels
 
     def decode(self, packet: bytes | None) -> bytes:
-        """Decode one Opus packet (None = packet-loss concealment) to s16le stereo PCM."""
+        """Decode one Opus packet (None = packet-loss concealment) to s16le PCM (interleaved if stereo)."""
         n = self._decode(
             self._state, packet, len(packet) if packet else 0, self._buf, _MAX_SAMPLES, 0
         )
         if n < 0:
             raise OpusDecodeError(f"opus_decode error {n}")
-        return ctypes.string_at(self._buf, n * 4)
+        return ctypes.string_at(self._buf, n * self._sample_bytes)
 
     def __del__(self) -> None:
         state = getattr(self, "_state", None)

@@ -24,7 +24,7 @@ import davey
 
 from .deaf import DeafDetector
 from .hearing import MemberHearing
-from .opus import FRAME_BYTES, OpusDecoder
+from .opus import OpusDecoder
 from .rtp import (
     DAVE_MAGIC,
     NONCE_SUFFIX_SIZE,
@@ -139,8 +139,14 @@ class Receiver:
         max_pending_ssrcs: int = 32,
         deaf_after_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        pcm_rate: int = 48_000,
+        pcm_channels: int = 2,
     ) -> None:
+        """`pcm_rate`/`pcm_channels`: what `on_audio` gets (Opus decodes straight to it) — Discord's own
+        48 kHz stereo by default; a call asks for the model's 24 kHz mono and skips a resampler."""
         self._conn = connection
+        self._pcm_rate, self._pcm_channels = pcm_rate, pcm_channels
+        self._frame_bytes = pcm_rate // 50 * 2 * pcm_channels  # 20 ms
         self._on_audio = on_audio
         self._pending_limit = pending_packets
         self._max_pending_ssrcs = max_pending_ssrcs
@@ -325,7 +331,7 @@ class Receiver:
     def _decode(self, ssrc: int, stream: _Stream, user_id: int, opus: bytes) -> None:
         decoder = stream.decoder
         if decoder is None:
-            decoder = stream.decoder = OpusDecoder()
+            decoder = stream.decoder = OpusDecoder(self._pcm_rate, self._pcm_channels)
         try:
             pcm = decoder.decode(opus)
         except ValueError:
@@ -336,11 +342,12 @@ class Receiver:
         if opus != OPUS_SILENCE:  # sent unencrypted after every utterance: it proves nothing about them
             self._hearing.heard(user_id)
             self._sound += 1
-        if len(pcm) == FRAME_BYTES:
+        frame_bytes = self._frame_bytes
+        if len(pcm) == frame_bytes:
             self._on_audio(user_id, ssrc, pcm)
             return
-        for i in range(0, len(pcm) - FRAME_BYTES + 1, FRAME_BYTES):  # 40/60 ms packets
-            self._on_audio(user_id, ssrc, pcm[i : i + FRAME_BYTES])
+        for i in range(0, len(pcm) - frame_bytes + 1, frame_bytes):  # 40/60 ms packets
+            self._on_audio(user_id, ssrc, pcm[i : i + frame_bytes])
 
     def _count_dave_failure(self, user_id: int, exc: Exception) -> None:
         key = "dave_fail:" + _dave_reason(exc)

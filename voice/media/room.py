@@ -1,8 +1,9 @@
 """A Discord voice channel as a call transport: many speakers in, each on their own; one assistant voice out.
 
-Receive: `on_speech(user_id, ssrc, pcm)` is the `ListeningVoiceClient` sink (on the event loop,
-48 kHz stereo, one 20 ms frame per call). Each member's frames are downmixed and resampled to the
-model's 24 kHz mono by their own resampler and queued — never mixed with anyone else's. `frames()`
+Receive: `on_speech(user_id, ssrc, pcm)` is the `ListeningVoiceClient` sink (on the event loop, one
+20 ms frame per call): the model's 24 kHz mono when the receiver decodes straight to it (a call
+does), else 48 kHz stereo, downmixed and resampled by that member's own resampler. Either way each
+member's frames are queued on their own — never mixed with anyone else's. `frames()`
 ticks every 20 ms: it takes the oldest queued frame of every member with audio pending, scores each
 with that member's own speech detector stream (one `VadBank` shared by every member, and by every
 call in the process: one batched model run per tick), and yields one `RoomTick`. Discord clients
@@ -39,7 +40,7 @@ class _Member:
     __slots__ = ("resampler", "pending", "queue", "vad", "name", "named_at", "dropped")
 
     def __init__(self, vad: VadStream) -> None:
-        self.resampler = Resampler(DISCORD_RATE, MODEL_RATE, 1, "HQ")
+        self.resampler: Resampler | None = None  # only for 48 kHz input
         self.pending = bytearray()  # resampled audio short of a whole frame
         self.queue: deque[bytes] = deque()
         self.vad = vad
@@ -78,12 +79,17 @@ class RoomTransport:
         member = self._members.get(user_id)
         if member is None:
             member = self._members[user_id] = _Member(self._vad.stream())
-        stereo = np.frombuffer(pcm, dtype="<i2")
-        mono = ((stereo[0::2].astype(np.int32) + stereo[1::2]) // 2).astype("<i2").tobytes()
-        member.pending += member.resampler.convert(mono)
-        while len(member.pending) >= FRAME_BYTES:
-            member.queue.append(bytes(member.pending[:FRAME_BYTES]))
-            del member.pending[:FRAME_BYTES]
+        if len(pcm) == FRAME_BYTES:  # decoded straight to the model's 24 kHz mono: nothing to convert
+            member.queue.append(pcm)
+        else:  # 48 kHz stereo: downmix, then this member's own resampler
+            stereo = np.frombuffer(pcm, dtype="<i2")
+            mono = ((stereo[0::2].astype(np.int32) + stereo[1::2]) // 2).astype("<i2").tobytes()
+            if member.resampler is None:
+                member.resampler = Resampler(DISCORD_RATE, MODEL_RATE, 1, "HQ")
+            member.pending += member.resampler.convert(mono)
+            while len(member.pending) >= FRAME_BYTES:
+                member.queue.append(bytes(member.pending[:FRAME_BYTES]))
+                del member.pending[:FRAME_BYTES]
         while len(member.queue) > self._max_queued:  # overload: bounded delay beats unbounded memory
             member.queue.popleft()
             member.dropped += 1
