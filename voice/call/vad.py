@@ -1,5 +1,6 @@
-"""Local endpointing: a speech detector's per-frame probability, with hysteresis, over 20 ms frames
-of 24 kHz mono audio.
+"""Local endpointing's pieces: speech detectors and the hysteresis over their per-frame probability
+(20 ms frames of 24 kHz mono). `voice.call.speakers` runs one hysteresis per member of a room; a
+`VadBank` scores many streams at once (`voice.call.silero_batch.SileroBank` batches them).
 
 Sans-I/O. The detector is injected: `EnergyDetector` (loudness only, no model, the fallback) lives
 here; `voice.call.silero_vad.SileroDetector` (a trained model, which loads a file) lives in its own
@@ -8,14 +9,11 @@ module and is built by the shell, so importing the call core never loads a model
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Protocol
 
 import numpy as np
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -99,38 +97,6 @@ class EnergyVad(SpeechVad):
 
     def __init__(self, config: VadConfig = VadConfig(), frame_ms: int = 20) -> None:
         super().__init__(config, frame_ms, EnergyDetector(config.threshold_dbfs))
-
-
-class LocalEndpointer(Generic[T]):
-    """Local endpointing: which frames belong to a turn, and when it starts and ends.
-
-    `push(frame, tag)` returns (decision, [(frame, tag), ...] to append): nothing while quiet (the
-    last `prefix_ms` are kept back), the kept-back prefix plus the frame at the start, every frame
-    during speech including the closing silence. So a committed buffer holds one turn of speech and
-    nothing else, and each frame keeps the tag it came with (the call core tags frames with who
-    spoke them, so a turn is attributed to exactly the audio it holds). `detector` defaults to
-    loudness (`EnergyDetector`); the shell injects a trained one.
-    """
-
-    def __init__(self, config: VadConfig = VadConfig(), frame_ms: int = 20,
-                 detector: SpeechDetector | None = None) -> None:
-        self.vad = SpeechVad(config, frame_ms, detector)
-        self._prefix: deque[tuple[bytes, T | None]] = deque(maxlen=max(1, config.prefix_ms // frame_ms))
-
-    @property
-    def detector(self) -> SpeechDetector:
-        return self.vad.detector
-
-    def push(self, frame: bytes, tag: T | None = None) -> tuple[str | None, list[tuple[bytes, T | None]]]:
-        decision = self.vad.push(frame)
-        if decision == "start":
-            frames = [*self._prefix, (frame, tag)]
-            self._prefix.clear()
-            return decision, frames
-        if self.vad.speaking or decision == "end":
-            return decision, [(frame, tag)]
-        self._prefix.append((frame, tag))
-        return decision, []
 
 
 class VadStream(Protocol):

@@ -19,12 +19,11 @@ FRAME_BYTES = RATE * 2 * FRAME_MS // 1000  # 960
 
 @dataclass(frozen=True)
 class TurnContext:
-    """Who is in the frame just yielded by `frames()`: immutable user ids, and display names.
-
-    The call core unions the speakers of exactly the frames it commits into a turn, so a turn is
-    attributed to the audio it holds, not to whoever the transport saw last. `names` are display
-    names, passed to the model as quoted untrusted data and never used to authorise anything; a
-    transport that gives none (one local speaker) gets no speaker-context item.
+    """Who spoke the PCM frame just yielded by `frames()` (a terminal, a file): immutable user ids and
+    display names. Exactly one id makes that person the turn's speaker; none or several make the
+    speaker unknown, and tools that change things refuse (a room yields `RoomTick`s instead: every
+    member on their own). `names` are display names, passed to the model as quoted untrusted data and
+    never used to authorise anything; a transport that gives none gets no speaker-context item.
     """
 
     speakers: frozenset[int] = frozenset()
