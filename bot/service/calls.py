@@ -68,7 +68,6 @@ class GuildCall:
     deaf_watch: asyncio.Task | None = None
     idle_timer: asyncio.Task | None = None
     rejoined: bool = False
-    unheard: dict[int, str] = field(default_factory=dict)  # members named as unheard (user id -> name)
     captions: CaptionThread | None = None
 
 
@@ -272,7 +271,6 @@ class CallManager:
         health = call.voice.receiver.member_health().get(user_id, {}) if call.voice.receiver else {}
         what = ("arrives corrupted" if health.get("reason") == "opus_fail"
                 else "arrives but does not decrypt (their end-to-end encryption is out of step)")
-        call.unheard[user_id] = name
         await self._say(call.text_channel_id,
                         f"I can't hear {discord.utils.escape_mentions(discord.utils.escape_markdown(name))} "
                         f"(<@{user_id}>) in <#{channel.id}>: their audio {what}. Leaving and rejoining the voice "
