@@ -226,19 +226,25 @@ class TranscriptPipeline:
             stages["memory"] = "already done" if row is not None and row["memory_status"] == "done" else \
                 "skipped (no text model configured)"
             return
-        claim = await self._claim(lambda: self.ledger.claim_step(tid, "memory"))
+        await self._once(tid, "memory", "memory", "already done", "learning from this call", stages, errors,
+                         lambda: self._learn(transcript, tid, user_label, stages, errors))
+
+    async def _once(self, tid: int, step: str, stage: str, done: str, doing: str, stages: dict[str, str],
+                    errors: list[dict[str, str]], work: Callable[[], Awaitable[None]]) -> None:
+        """`work` for this call's `step` by exactly one process: claimed in the ledger, released after."""
+        claim = await self._claim(lambda: self.ledger.claim_step(tid, step))
         if claim.done:
-            stages["memory"] = "already done"
+            stages[stage] = done
             return
         if not claim.won:
-            stages["memory"] = "error"
-            errors.append({"stage": "memory", "message": "another Switchboard process is still learning from this "
-                                                         "call; the next delivery reports it"})
+            stages[stage] = "error"
+            errors.append({"stage": stage, "message": f"another Switchboard process is still {doing}; the next "
+                                                      "delivery reports it"})
             return
         try:
-            await self._learn(transcript, tid, user_label, stages, errors)
+            await work()
         finally:
-            await self._release(tid, "memory")
+            await self._release(tid, step)
 
     async def _learn(self, transcript: Transcript, tid: int, user_label: str | None, stages: dict[str, str],
                      errors: list[dict[str, str]]) -> None:
@@ -349,19 +355,8 @@ class TranscriptPipeline:
                     errors: list[dict[str, str]]) -> None:
         if self._notifier is None:
             return
-        claim = await self._claim(lambda: self.ledger.claim_step(tid, "card"))
-        if claim.done:
-            stages["post"] = "already posted"
-            return
-        if not claim.won:
-            stages["post"] = "error"
-            errors.append({"stage": "post", "message": "another Switchboard process is still posting the call "
-                                                       "card; the next delivery reports it"})
-            return
-        try:
-            await self._post_card(transcript, tid, stages, errors)
-        finally:
-            await self._release(tid, "card")
+        await self._once(tid, "card", "post", "already posted", "posting the call card", stages, errors,
+                         lambda: self._post_card(transcript, tid, stages, errors))
 
     async def _post_card(self, transcript: Transcript, tid: int, stages: dict[str, str],
                          errors: list[dict[str, str]]) -> None:
