@@ -60,12 +60,11 @@ class RoomTransport:
         self._names = names
         self._vad: VadBank = vad or DetectorBank(EnergyDetector)
         self._clock = clock
-        self._sleep = sleep
         self._loop = loop
         self._max_queued = max_queued_frames
         self._members: dict[int, _Member] = {}
         self._closed = asyncio.Event()
-        self._room_clock = room_clock
+        self._room_clock = room_clock or RoomClock(self._vad, clock=clock, sleep=sleep)
         self._inbox: asyncio.Queue[RoomTick | None] | None = None
         self._taken: list[tuple[int, _Member, bytes]] = []
         self.frames_in = 0
@@ -134,27 +133,9 @@ class RoomTransport:
         return self.publish()
 
     async def frames(self) -> AsyncIterator[RoomTick]:
-        """A `RoomTick` every 20 ms in real time until `close()`: from the shared `RoomClock` when the
-        room was given one, else paced here."""
-        if self._room_clock is not None:
-            async for tick in self._from_clock():
-                yield tick
-            return
-        period = FRAME_BYTES / 2 / MODEL_RATE
-        next_at = self._clock()
-        while not self._closed.is_set():
-            self.ticks += 1
-            yield self.tick()
-            next_at += period
-            delay = next_at - self._clock()
-            if delay < -0.2:  # the loop stalled: do not burst to catch up
-                next_at = self._clock()
-                delay = 0.0
-            await self._sleep(max(0.0, delay))
-
-    async def _from_clock(self) -> AsyncIterator[RoomTick]:
+        """A `RoomTick` every 20 ms in real time until `close()`, from the room clock (the process's
+        shared one when the room was given it, else one of its own)."""
         clock = self._room_clock
-        assert clock is not None
         self._inbox = asyncio.Queue(maxsize=MAX_QUEUED_FRAMES)
         clock.add(self)
         try:
