@@ -652,9 +652,7 @@ class CallCore:
         if event.status == "completed":
             for call_id in response.answers:
                 self._calls[call_id].answered = True
-        if response.kind in ("turn", "tool") and response.origin.speakers and len(response.origin.speakers) == 1:
-            (user,) = response.origin.speakers
-            self._answered_at[user] = now
+        self._answered(response, now)
         if event.status == "failed":
             actions.append(Notice("warning", f"the response failed: {event.detail or 'no reason given'}"))
             if response.kind != "announce":
@@ -745,10 +743,7 @@ class CallCore:
         self._observe(now, playback)
         for response in reversed(list(self._responses.values())):  # a follow-up counts from the answer's end
             if playback.item_id in response.audio_items:
-                if response.kind in ("turn", "tool") and response.origin.speakers \
-                        and len(response.origin.speakers) == 1:
-                    (user,) = response.origin.speakers
-                    self._answered_at[user] = now
+                self._answered(response, now)
                 break
         return self._out(self._pump())
 
@@ -773,6 +768,13 @@ class CallCore:
         if answering is not None and not answering.decided:
             times.append(answering.deadline)
         return min(times) if times else None
+
+    def _answered(self, response: _Response, now: float) -> None:
+        """The assistant answered one person now (a follow-up window for addressed mode starts)."""
+        speakers = response.origin.speakers
+        if response.kind in ("turn", "tool") and speakers and len(speakers) == 1:
+            (user,) = speakers
+            self._answered_at[user] = now
 
     def set_reply_to(self, mode: str) -> None:
         """`everyone` answers every turn; `addressed` only turns that name the assistant (or follow up)."""
