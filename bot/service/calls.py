@@ -32,7 +32,7 @@ from voice.call.vad import VadBank, VadConfig
 from voice.media.discord_client import ListeningVoiceClient
 from voice.media.room import RoomClock, RoomTransport
 
-from .captions import CaptionThread
+from .captions import CaptionThread, escape_caller_text
 from .gate import OperatorGate
 
 log = logging.getLogger(__name__)
@@ -272,7 +272,7 @@ class CallManager:
         what = ("arrives corrupted" if health.get("reason") == "opus_fail"
                 else "arrives but does not decrypt (their end-to-end encryption is out of step)")
         await self._say(call.text_channel_id,
-                        f"I can't hear {discord.utils.escape_mentions(discord.utils.escape_markdown(name))} "
+                        f"I can't hear {escape_caller_text(name)} "
                         f"(<@{user_id}>) in <#{channel.id}>: their audio {what}. Leaving and rejoining the voice "
                         "channel, or updating or restarting their Discord app, usually fixes it.")
 

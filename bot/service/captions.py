@@ -67,7 +67,7 @@ def caption_line(role: str, name: str | None, text: str, *, agent_name: str) -> 
         who = _plain(name, NAME_MAX) or "Someone"
         if _reads_as_assistant(who):
             who += " (person)"
-    return f"**{_escape(who)}**: {_escape(said)}"
+    return f"**{escape_caller_text(who)}**: {escape_caller_text(said)}"
 
 
 def _plain(value: object, limit: int | None = None) -> str:
@@ -90,7 +90,9 @@ def _reads_as_assistant(name: str) -> bool:
     return folded.endswith("(assistant)")
 
 
-def _escape(text: str) -> str:
+def escape_caller_text(text: str) -> str:
+    """Caller-controlled text (a display name, a transcription) shown in Discord as text: markdown,
+    mentions, masked links and `<…>` tokens neutralised."""
     text = discord.utils.escape_markdown(text)
     text = discord.utils.escape_mentions(text)
     text = _BARE_BRACKET.sub(r"\1\\\2", text)
