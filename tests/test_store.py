@@ -406,9 +406,10 @@ async def test_a_read_sees_a_commit_made_while_another_tasks_read_was_in_flight(
     import threading
 
     store = await open_store(tmp_path, COUNTER)
-    gate = threading.Event()
+    gate, reading = threading.Event(), threading.Event()
 
     def held_until_the_commit(n):  # the first task's read is in flight until the write has committed
+        reading.set()
         gate.wait(10)
         return n
 
@@ -416,7 +417,7 @@ async def test_a_read_sees_a_commit_made_while_another_tasks_read_was_in_flight(
         for conn in {id(c): c for c in (store.db, getattr(store, "reader", store.db))}.values():
             await conn.create_function("held_until_the_commit", 1, held_until_the_commit)
         first = asyncio.create_task(store.fetchone("SELECT held_until_the_commit(n) FROM counter ORDER BY id"))
-        await asyncio.sleep(0)
+        assert await asyncio.to_thread(reading.wait, 10)  # its statement has begun: its snapshot is taken
         await asyncio.wait_for(store.execute("UPDATE counter SET n = 42 WHERE id = 1"), 10)
         later = asyncio.create_task(store.fetchall("SELECT n FROM counter WHERE id = 1"))
         await asyncio.sleep(0)
