@@ -25,8 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bot.compose import LISTENER_MIGRATIONS  # noqa: E402
-from bot.store import open_store  # noqa: E402
+from bot.services import LISTENER_MIGRATIONS  # noqa: E402
+from common.store import open_store  # noqa: E402
 from listener.archive import Archive  # noqa: E402
 from listener.model import Transcript, Turn  # noqa: E402
 

@@ -142,9 +142,9 @@ from voice.call.silero_batch import SileroBank  # noqa: E402
 from voice.call.tools import ToolCatalogue  # noqa: E402
 from voice.call.transports.base import RoomTick  # noqa: E402
 from voice.call.vad import VadConfig  # noqa: E402
+from voice.media.channel import RoomClock, RoomTransport, run_vad  # noqa: E402
 from voice.media.discord_client import ListeningVoiceClient  # noqa: E402
 from voice.media.receive import Receiver  # noqa: E402
-from voice.media.room import RoomClock, RoomTransport, run_vad  # noqa: E402
 
 POSITION = PlaybackPosition()
 
@@ -276,7 +276,7 @@ class Call:
         self.receiver.on_ws_message({"op": 5, "d": {"user_id": str(self.user_id), "ssrc": SSRC, "speaking": 1}})
         provider = OpenAIRealtime("bench", "gpt-realtime-2.1-mini", "marin", url=url)
         options = CallOptions(endpointing="local", vad=VadConfig(), reply_to="everyone", followup_s=15.0,
-                              min_interruption_ms=400)  # the bot's room defaults (bot/service/calls.py)
+                              min_interruption_ms=400)  # the bot's room defaults (bot/discord/calls.py)
         extra = {} if compression == "deflate" else {"connector": connect_uncompressed}
         self.engine = CallEngine(provider, self.transport, ToolCatalogue(), Identity("You are a bench."),
                                  options=options, call=CallInfo(f"bench-{index}", CHANNEL0 + index, CHANNEL0 + index),
@@ -346,7 +346,7 @@ async def trial(n: int, args: argparse.Namespace, bank: SileroBank, url: str, rn
         client = discord.Client(intents=discord.Intents.none())
         client._connection.loop = asyncio.get_running_loop()
     port = int(sender.stdout.readline()) if sender else None
-    room_clock = PacedClock(bank)  # one for the process, as the bot has (bot/service/calls.py)
+    room_clock = PacedClock(bank)  # one for the process, as the bot has (bot/discord/calls.py)
     calls = [Call(i, shell=args.shell, bank=bank, room_clock=room_clock, url=url, client=client, sender_port=port,
                   rng=rng, playback=args.playback, compression=args.compression) for i in range(n)]
     live = [c.packets(ticks_live) for c in calls]  # untimed, before anything runs

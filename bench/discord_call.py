@@ -89,9 +89,9 @@ from voice.call.silero_batch import SileroBank  # noqa: E402
 from voice.call.tools import ToolCatalogue  # noqa: E402
 from voice.call.transports.base import HeardFrame, RoomTick  # noqa: E402
 from voice.call.vad import VadConfig  # noqa: E402
+from voice.media.channel import RoomTransport  # noqa: E402
 from voice.media.opus import load_libopus  # noqa: E402
 from voice.media.receive import Receiver  # noqa: E402
-from voice.media.room import RoomTransport  # noqa: E402
 
 CHANNEL, BOT = 1_300_000_000_000_000_001, 3_000_000_000_000_000_001
 USER0, SSRC0 = 3_000_000_000_000_000_100, 5000
@@ -100,7 +100,7 @@ TICK_S = 0.02
 GOAL_RATIO = 3.0
 FLAT = 0.15
 POSITION = PlaybackPosition()  # the bot is not playing anything
-MIN_INTERRUPTION_MS = 400  # the bot's room default (bot/service/calls.py RoomOptions)
+MIN_INTERRUPTION_MS = 400  # the bot's room default (bot/discord/calls.py RoomOptions)
 clock = time.process_time
 
 SENTENCES = (

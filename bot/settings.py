@@ -23,6 +23,8 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from bot import setting_rules as rules
+from runs.agent_command import AgentEnvError, check_agent_env, parse_agent_env
 from voice.call.providers import (
     DEFAULT_MODEL,
     DEFAULT_VOICE,
@@ -32,9 +34,6 @@ from voice.call.providers import (
     check_voice,
 )
 from voice.call.providers.endpoint import check_key_endpoint, check_realtime_url, display_url
-
-from . import setting_rules as rules
-from .runs.agent_command import AgentEnvError, check_agent_env, parse_agent_env
 
 ENDPOINTING_MODES = ("server", "local")
 REPLY_MODES = ("everyone", "addressed")

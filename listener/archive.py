@@ -20,7 +20,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .model import Transcript, Turn
+from listener.model import Transcript, Turn
 
 PACKAGE = "listener"
 SOURCE_TRUST = "external-untrusted"
@@ -143,7 +143,7 @@ MIGRATIONS: tuple[tuple[str, int, str], ...] = ((PACKAGE, 1, """
 
 
 class Database(Protocol):
-    """What the archive needs of the service's store (`bot.store.Store` has exactly this)."""
+    """What the archive needs of the service's store (`common.store.Store` has exactly this)."""
 
     def transaction(self) -> AbstractAsyncContextManager[Any]: ...
     async def fetchone(self, sql: str, params: Sequence = ()) -> Any: ...

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .archive import Database
+from listener.archive import Database
 
 REVIEW_ID = "default-review"
 REVIEW_NAME = "Call review"

@@ -12,8 +12,8 @@ from typing import Any
 
 import httpx
 
-from .memory import FACT_SCHEMA, extraction_messages
-from .model import Transcript
+from listener.memory import FACT_SCHEMA, extraction_messages
+from listener.model import Transcript
 
 DEFAULT_TEXT_URL = "https://api.openai.com/v1"
 DEFAULT_TEXT_MODEL = "gpt-4.1-mini"

@@ -32,8 +32,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .archive import Database, fts_query
-from .model import Transcript
+from listener.archive import Database, fts_query
+from listener.model import Transcript
 
 MIN_QUOTE = 8
 MIN_CONFIRMATION = 2

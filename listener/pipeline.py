@@ -30,16 +30,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .archive import Archive, Claim, ExecutionLedger, process_alive
-from .callbacks import Callbacks, MutationTokens
-from .commands import CallCommand, find_commands
-from .download import TranscriptDownloadError
-from .extract import ExtractionError, FactExtractor
-from .jobs import Job, JobStarter, about_callbacks, callback_job, command_job, review_job
-from .memory import Memory, validate
-from .model import Transcript, user_label_for
-from .text import quote_untrusted
-from .transcript import TranscriptError, parse_transcript
+from listener.archive import Archive, Claim, ExecutionLedger, process_alive
+from listener.callbacks import Callbacks, MutationTokens
+from listener.commands import CallCommand, find_commands
+from listener.download import TranscriptDownloadError
+from listener.extract import ExtractionError, FactExtractor
+from listener.jobs import Job, JobStarter, about_callbacks, callback_job, command_job, review_job
+from listener.memory import Memory, validate
+from listener.model import Transcript, user_label_for
+from listener.text import quote_untrusted
+from listener.transcript import TranscriptError, parse_transcript
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,10 @@ import sqlite3
 
 import pytest
 
-from bot.compose import LISTENER_MIGRATIONS
+from bot.cli.transcripts import add_parser, main
+from bot.services import LISTENER_MIGRATIONS
 from bot.settings import check_settings
-from bot.store import DB_FILENAME, open_store
-from bot.transcripts_cli import add_parser, main
+from common.store import DB_FILENAME, open_store
 from listener.archive import SOURCE_TRUST, Archive, ArchiveError, fts_query
 from listener.model import user_label_for
 from tests.support.calls import call
@@ -147,7 +147,7 @@ async def test_the_full_text_index_matches_the_turns_after_archiving_editing_and
 
 
 async def test_transcript_search_is_a_read_only_voice_tool_anyone_may_use(archive):
-    from bot.listener_tools import transcript_tools
+    from bot.phone.tools import transcript_tools
     from voice.call.tools import ToolCatalogue
 
     catalogue = ToolCatalogue(None, transcript_tools(archive))  # the default gate denies every mutating tool

@@ -123,6 +123,6 @@ def test_the_call_core_imports_nothing_that_does_io():
     probe = ("import sys, voice.call.core; print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
              "('voice', 'websockets', 'sounddevice', 'aiosqlite', 'httpx', 'discord', 'asyncio', 'socket'))))")
     loaded = set(subprocess.run([sys.executable, "-c", probe], check=True, capture_output=True, text=True).stdout.split())
-    assert not loaded & {"voice.call.telemetry", "voice.call.engine", "voice.call.transports.speaker", "voice.media.playback",
+    assert not loaded & {"voice.call.telemetry", "voice.call.engine", "voice.call.transports.playback_queue", "voice.media.playback",
                          "websockets", "sounddevice", "aiosqlite", "httpx", "discord", "asyncio", "socket"}, loaded
     assert {"voice.call.core", "voice.call.floor", "voice.call.turns", "voice.call.turn_record"} <= loaded

@@ -12,7 +12,7 @@ import unicodedata
 import discord
 import pytest
 
-from bot.service.captions import (
+from bot.discord.captions import (
     CaptionLog,
     CaptionThread,
     EditMessage,
@@ -420,7 +420,7 @@ async def test_hostile_names_and_words_are_escaped_and_ping_nobody():
 
 async def test_without_create_public_threads_captions_fail_once_and_add_never_raises(caplog):
     clock = VirtualClock()
-    caplog.set_level(logging.INFO, logger="bot.service.captions")
+    caplog.set_level(logging.INFO, logger="bot.discord.captions")
     async with FakeDiscord(clock=clock) as fake:
         await fake.deny_bot(fake.text_channel, CREATE_PUBLIC_THREADS)  # in GUILD_CREATE's overwrites
         async with bot_in(fake) as guild:
@@ -437,7 +437,7 @@ async def test_without_create_public_threads_captions_fail_once_and_add_never_ra
     assert (refused.status, refused.response["code"]) == (403, 50013)
     assert status == (f"failed: cannot create a thread in <#{fake.text_channel.id}> (Missing Permissions: "
                       "Create Public Threads); 6 lines not shown")
-    warnings = [r for r in caplog.records if r.name == "bot.service.captions" and r.levelno >= logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "bot.discord.captions" and r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and warnings[0].exc_info is None and "g1-test" in warnings[0].getMessage()
 
 
@@ -475,5 +475,5 @@ async def test_a_thread_that_stops_taking_posts_ends_the_captions_not_the_call(f
     fake.assert_clean()
     assert [m["content"] for m in fake.thread_messages(thread.id)] == ["**Alice**: shown"]
     assert status == f"failed: cannot post in <#{thread.id}> ({reason}); 4 lines not shown"
-    warnings = [r for r in caplog.records if r.name == "bot.service.captions" and r.levelno >= logging.WARNING]
+    warnings = [r for r in caplog.records if r.name == "bot.discord.captions" and r.levelno >= logging.WARNING]
     assert len(warnings) == 1 and warnings[0].exc_info is None

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bot import talk
-from bot.cli import main
+from bot.cli import talk
+from bot.cli.main import main
 from voice.call.telemetry import Telemetry, TurnRecord
 
 SECRET = "sk-newcomer-secret-never-printed-99"
@@ -407,14 +407,15 @@ async def test_numbers_out_of_range_are_refused_in_one_line_with_exit_2(tmp_path
 
 
 async def test_output_into_a_closed_pipe_ends_quietly_as_sigpipe_would(tmp_path):
-    from bot.compose import archive
+    from bot.services import build_services
     from bot.settings import Settings
     from listener.model import user_label_for
     from tests.support.calls import call
 
     dentist = call("call_1", *[("FROM" if i % 2 else "TO", f"turn {i} about the dentist " * 20) for i in range(400)])
-    async with archive(Settings.from_env({"SWITCHBOARD_HOME": str(tmp_path / "home")})) as calls:
-        await calls.archive(dentist, "{}", received_at=1_750_000_000.0, user_label=user_label_for(dentist.direction))
+    async with build_services(Settings.from_env({"SWITCHBOARD_HOME": str(tmp_path / "home")}),
+                              watch_runs=False) as services:
+        await services.archive.archive(dentist, "{}", received_at=1_750_000_000.0, user_label=user_label_for(dentist.direction))
     commands = [("transcripts", "show", "call_1"), ("transcripts", "search", "dentist", "--json"),
                 ("transcripts", "search", "dentist"), ("runs", "list"), ("callbacks", "list"), ("doctor",),
                 ("--help",), ("transcripts", "--help")]
@@ -430,7 +431,7 @@ async def test_output_into_a_closed_pipe_ends_quietly_as_sigpipe_would(tmp_path)
 
 
 def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(monkeypatch, capsys):
-    from bot import cli as cli_module
+    from bot.cli import main as cli_module
 
     def broken(argv, environ):
         raise BrokenPipeError(32, "Broken pipe")  # e.g. a socket to the provider; stdout is fine
@@ -444,8 +445,8 @@ def test_a_broken_pipe_that_is_not_stdout_is_not_hidden(monkeypatch, capsys):
 
 
 async def test_every_callbacks_change_without_a_runs_token_is_refused_with_exit_3_and_changes_nothing(tmp_path):
-    from bot.compose import open_home_store
-    from bot.listener_tools import review_config
+    from bot.phone.tools import review_config
+    from bot.services import open_home_store
     from bot.settings import Settings
     from listener.callbacks import Callbacks
 

@@ -25,8 +25,8 @@ def script(ctx):
 
 async def seed_fact(home, fact: str) -> None:
     """A phone call the listener archived earlier, with one durable fact learned from it."""
-    from bot.compose import STORE_MIGRATIONS
-    from bot.store import open_store
+    from bot.services import STORE_MIGRATIONS
+    from common.store import open_store
     from listener.archive import Archive
     from listener.memory import Fact, Memory
     from listener.model import Transcript, Turn

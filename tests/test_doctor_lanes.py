@@ -8,7 +8,7 @@ import sys
 
 import discord
 
-from bot import doctor
+from bot.cli import doctor
 from bot.settings import check_settings
 from tests.support.fake_hermes import FakeHermes
 from tests.test_runs_harness import FAKE_AGENT
@@ -74,8 +74,8 @@ def test_the_invite_url_comes_from_the_token_with_exactly_the_permissions_needed
 
 
 async def test_doctor_shows_the_last_failed_run_post_from_the_store(tmp_path):
-    from bot.runs.repository import MIGRATIONS, RunRepository
-    from bot.store import open_store
+    from common.store import open_store
+    from runs.repository import MIGRATIONS, RunRepository
 
     store = await open_store(tmp_path, MIGRATIONS)
     repo = RunRepository(store)

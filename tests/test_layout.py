@@ -50,4 +50,4 @@ def test_the_call_engine_never_imports_discord_media():
 
 
 def test_the_checker_sees_imports():  # the check above can fail: it finds what is there
-    assert "voice.call.transports.base" in imported_modules(ROOT / "voice/media/room.py")
+    assert "voice.call.transports.base" in imported_modules(ROOT / "voice/media/channel.py")

@@ -16,10 +16,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from bot.callbacks_cli import main as callbacks_main
-from bot.cli import build_parser
+from bot.cli.callbacks import main as callbacks_main
+from bot.cli.main import build_parser
 from bot.settings import check_settings
-from bot.store import DB_FILENAME
+from common.store import DB_FILENAME
 from tests.support.calls import FACT, PLANTED
 from tests.support.fake_realtime import AudioReply, FakeRealtime
 from tests.support.fake_smartnumbers import FakeSmartnumbers
@@ -65,8 +65,8 @@ async def callbacks_cli(home: Path, *argv: str) -> int:
 
 async def named_command_token(home: Path) -> str:
     """A token as the service issues one to a named-command run."""
-    from bot.compose import STORE_MIGRATIONS
-    from bot.store import open_store
+    from bot.services import STORE_MIGRATIONS
+    from common.store import open_store
     from listener.callbacks import MutationTokens
 
     store = await open_store(home, STORE_MIGRATIONS)

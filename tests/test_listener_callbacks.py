@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bot.compose import LISTENER_MIGRATIONS
-from bot.store import open_store
+from bot.services import LISTENER_MIGRATIONS
+from common.store import open_store
 from listener.archive import Archive
 from listener.callbacks import (
     REVIEW_ID,
@@ -124,7 +124,7 @@ async def test_tokens_are_hashed_expire_and_are_revoked(store):
 
 
 def test_the_listener_key_is_read_afresh_from_the_env_file_and_the_environment_wins(tmp_path, caplog):
-    from bot.listen import rotating_key
+    from bot.phone.listener import rotating_key
 
     env = tmp_path / ".env"
     env.write_text("TRANSCRIPT_LISTENER_API_KEY=first-key\n")
@@ -147,7 +147,7 @@ def test_the_listener_key_is_read_afresh_from_the_env_file_and_the_environment_w
     {"action": "remove", "id": None},
 ])
 async def test_model_arguments_that_are_not_text_are_refused_not_crashed(store, args):
-    from bot.listener_tools import review_config
+    from bot.phone.tools import review_config
 
     with pytest.raises(CallbackError):
         await review_config(Callbacks(store), args)

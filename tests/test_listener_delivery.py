@@ -10,15 +10,15 @@ import json
 
 import pytest
 
-from bot.compose import STORE_MIGRATIONS
-from bot.listener_delivery import ListenerDelivery, TerminalPoster, card_reference
-from bot.listener_tools import transcript_tools
-from bot.runs import RunState, RunTicket
-from bot.service.gate import OperatorGate
-from bot.store import open_store
+from bot.discord.gate import OperatorGate
+from bot.phone.delivery import ListenerDelivery, TerminalPoster, card_reference
+from bot.phone.tools import transcript_tools
+from bot.services import STORE_MIGRATIONS
+from common.store import open_store
 from listener.archive import Archive
 from listener.callbacks import Callbacks, MutationTokens
 from listener.pipeline import TranscriptPipeline
+from runs import RunState, RunTicket
 from voice.call.attribution import Attribution, CallInfo
 from voice.call.tools import ToolCatalogue
 
@@ -100,7 +100,7 @@ async def test_each_result_goes_to_its_jobs_target_and_the_review_into_the_archi
 
 
 async def test_a_result_that_lands_before_its_card_waits_and_the_card_brings_it_out(store):
-    from bot.listener_delivery import WAITING
+    from bot.phone.delivery import WAITING
     from listener.pipeline import CallCard
 
     async with store.transaction() as conn:
@@ -173,7 +173,7 @@ async def test_searching_is_open_and_changing_what_runs_after_calls_is_the_opera
 
 
 def test_a_card_fits_discord_whatever_the_call_holds_and_caller_text_stays_text():
-    from bot.service.listener_posts import card_embed
+    from bot.discord.phone_cards import card_embed
     from listener.pipeline import CallCard
 
     loud = "@everyone [click](https://evil.example) **now** <@123456789012345678> "
@@ -190,8 +190,8 @@ def test_a_card_fits_discord_whatever_the_call_holds_and_caller_text_stays_text(
 
 
 def test_a_token_never_survives_in_what_a_run_reports_even_cut_short_or_nested():
-    from bot.runs.core import ApprovalRequested, Finished, Progress
-    from bot.runs.service import _scrub
+    from runs.core import ApprovalRequested, Finished, Progress
+    from runs.service import _scrub
 
     token = "sbt_" + "A" * 32
     assert _scrub(Progress(f"terminal: switchboard callbacks register x --token {token[:20]}")).text.endswith(
@@ -206,7 +206,7 @@ def test_a_token_never_survives_in_what_a_run_reports_even_cut_short_or_nested()
 async def test_a_result_landing_while_another_process_records_the_card_is_posted_once_not_left_waiting(store, tmp_path):
     """The run lands in one process (no card recorded yet) while another posts and records the card:
     whatever the interleaving, the result is posted exactly once, under the card."""
-    from bot.listener_delivery import WAITING
+    from bot.phone.delivery import WAITING
     from listener.pipeline import CallCard
 
     async with store.transaction() as conn:
@@ -274,7 +274,7 @@ async def test_a_result_a_crashed_process_was_posting_is_posted_when_the_listene
     import subprocess
     import sys
 
-    from bot.listener_delivery import POSTING
+    from bot.phone.delivery import POSTING
 
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
@@ -298,8 +298,8 @@ async def test_two_processes_flushing_the_same_waiting_results_post_each_once(st
     import subprocess
     import sys
 
-    from bot.listener_delivery import WAITING
-    from bot.runs.procs import process_token
+    from bot.phone.delivery import WAITING
+    from runs.procs import process_token
 
     await store.execute("UPDATE listener_jobs SET delivered = ?", (WAITING,))
     other = await open_store(tmp_path, STORE_MIGRATIONS)

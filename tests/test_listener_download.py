@@ -817,8 +817,8 @@ async def make_listener(tls_server, tmp_path):
     downloading with `download`, up to 3 events at once; returns the fake Smartnumbers server."""
     from contextlib import AsyncExitStack
 
-    from bot.compose import LISTENER_MIGRATIONS
-    from bot.store import open_store
+    from bot.services import LISTENER_MIGRATIONS
+    from common.store import open_store
     from listener.archive import Archive
     from listener.pipeline import TranscriptPipeline
     from listener.stream import StreamClient

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from bot.compose import STORE_MIGRATIONS
-from bot.runs.repository import RunRepository
-from bot.store import open_store
+from bot.services import STORE_MIGRATIONS
+from common.store import open_store
 from listener.archive import ExecutionLedger, process_alive, process_owner
+from runs.repository import RunRepository
 
 HELPER = str(Path(__file__).resolve().parent / "support" / "ledger_claim.py")
 KEY = '["command","call_1","turn",0]'

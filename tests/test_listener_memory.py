@@ -12,9 +12,9 @@ import ssl
 import httpx
 import pytest
 
-from bot.compose import LISTENER_MIGRATIONS
-from bot.listener_tools import known_facts
-from bot.store import open_store
+from bot.phone.tools import known_facts
+from bot.services import LISTENER_MIGRATIONS
+from common.store import open_store
 from listener.archive import Archive
 from listener.extract import ExtractionError, FactExtractor
 from listener.memory import FACT_SCHEMA, Memory, grounded, is_instruction, validate

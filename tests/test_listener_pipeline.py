@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from bot.compose import LISTENER_MIGRATIONS
-from bot.store import open_store
+from bot.services import LISTENER_MIGRATIONS
+from common.store import open_store
 from listener.archive import Archive
 from listener.callbacks import Callbacks, MutationTokens
 from listener.download import TranscriptDownloadError
@@ -380,7 +380,7 @@ class Runs:
     """A job starter over the real runs table, idempotent on the job's intent as the runs service is."""
 
     def __init__(self, store) -> None:
-        from bot.runs.repository import RunRepository
+        from runs.repository import RunRepository
 
         self.repo = RunRepository(store)
         self.created = 0
@@ -408,7 +408,7 @@ async def crash_mid_start(home, when: str) -> None:
 
 
 async def test_a_job_a_crashed_process_claimed_but_never_started_is_started_by_the_next_delivery(tmp_path):
-    from bot.compose import STORE_MIGRATIONS
+    from bot.services import STORE_MIGRATIONS
 
     await crash_mid_start(tmp_path, "before-run")
     store = await open_store(tmp_path, STORE_MIGRATIONS)
@@ -423,7 +423,7 @@ async def test_a_job_a_crashed_process_claimed_but_never_started_is_started_by_t
 
 
 async def test_a_job_whose_run_was_recorded_just_before_a_crash_is_not_started_again(tmp_path):
-    from bot.compose import STORE_MIGRATIONS
+    from bot.services import STORE_MIGRATIONS
 
     await crash_mid_start(tmp_path, "after-run")
     store = await open_store(tmp_path, STORE_MIGRATIONS)
@@ -497,7 +497,7 @@ async def test_an_ack_never_says_success_for_a_job_another_process_is_still_star
 
 
 async def test_a_job_a_crash_left_without_a_run_is_started_when_the_listener_starts_with_no_delivery(tmp_path):
-    from bot.compose import STORE_MIGRATIONS
+    from bot.services import STORE_MIGRATIONS
 
     await crash_mid_start(tmp_path, "before-run")
     store = await open_store(tmp_path, STORE_MIGRATIONS)
@@ -516,10 +516,10 @@ async def test_the_runs_service_records_one_run_for_a_job_however_often_and_wher
     it recorded first and starts nothing else."""
     import asyncio
 
-    from bot.compose import STORE_MIGRATIONS
-    from bot.listen import RunJobs
-    from bot.runs import RunsConfig, RunService
+    from bot.phone.listener import RunJobs
+    from bot.services import STORE_MIGRATIONS
     from listener.jobs import Job
+    from runs import RunsConfig, RunService
 
     config = RunsConfig(lanes=("command",), command=("echo", "{task}"))
     stores = [await open_store(tmp_path, STORE_MIGRATIONS) for _ in range(2)]  # two processes' connections

@@ -1,4 +1,4 @@
-"""The Smartnumbers listener inside `switchboard run`, end to end: `bot.service.app.serve` in-process with
+"""The Smartnumbers listener inside `switchboard run`, end to end: `bot.cli.run.serve` in-process with
 the real discord.py client against the loopback fake Discord, the fake Smartnumbers stream, a
 loopback transcript server, the strict fake text model and real agent subprocesses (the fake agent).
 
@@ -25,12 +25,13 @@ import discord
 import pytest
 from aiohttp import web
 
-from bot.compose import open_home_store
-from bot.listen import rotating_key
-from bot.runs import Delivery
-from bot.service.app import SwitchboardBot, serve
-from bot.service.listener_posts import DiscordPoster
+from bot.cli.run import serve
+from bot.discord.client import SwitchboardBot
+from bot.discord.phone_cards import DiscordPoster
+from bot.phone.listener import rotating_key
+from bot.services import open_home_store
 from listener.callbacks import Callbacks
+from runs import Delivery
 from tests.support.calls import FACT, PLANTED
 from tests.support.fake_discord import FakeDiscord, point_discord_py_at
 from tests.support.fake_discord.objects import Channel
@@ -206,7 +207,7 @@ async def listener_service(tmp_path: Path, *, setup: Callable[[Callbacks, Channe
 
 
 def log_like_the_cli(caplog) -> None:
-    """Everything at DEBUG, except httpx/httpcore at WARNING, as `bot.cli` configures logging (httpx logs
+    """Everything at DEBUG, except httpx/httpcore at WARNING, as `bot.cli.main` configures logging (httpx logs
     each request's full URL at INFO, a presigned transcript URL's signature included)."""
     caplog.set_level(logging.DEBUG)
     for noisy in ("httpx", "httpcore"):
@@ -323,7 +324,7 @@ async def test_a_call_gets_a_card_its_jobs_reply_under_it_and_a_redelivery_chang
     assert fields["direction"] == "outbound"
     assert fields["learned"] == f"• {FACT['fact']}"
     assert "cancelled" not in json.dumps(card)  # the planted fact was not learned
-    # (one line: `bounded` folds the field's newlines; see the report on listener_posts.card_embed)
+    # (one line: `bounded` folds the field's newlines; see the report on phone_cards.card_embed)
     assert " ".join(fields["jobs"].split()) == ("`run-1` review: Call review `run-2` callback: Notes "
                                                 f"`run-3` call command: {USER_COMMAND}")
     assert rig.fake.request_for(card).body["allowed_mentions"] == {"parse": []}

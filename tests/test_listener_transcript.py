@@ -406,8 +406,8 @@ def test_a_transcript_at_the_cap_parses_in_under_four_times_its_size(form, peak_
 
 @pytest.mark.parametrize("form", ["markdown", "json"])
 async def test_a_transcript_at_the_cap_is_parsed_and_archived_in_under_four_times_its_size(form, tmp_path):
-    from bot.compose import LISTENER_MIGRATIONS
-    from bot.store import open_store
+    from bot.services import LISTENER_MIGRATIONS
+    from common.store import open_store
     from listener.archive import Archive
 
     raw = dialogue_markdown(MIB) if form == "markdown" else dialogue_json(MIB)

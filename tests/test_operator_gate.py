@@ -14,10 +14,10 @@ import sys
 
 import pytest
 
-from bot.runs import RunsConfig, RunService, run_tools
-from bot.runs.repository import MIGRATIONS
-from bot.service.gate import OperatorGate
-from bot.store import open_store
+from bot.discord.gate import OperatorGate
+from common.store import open_store
+from runs import RunsConfig, RunService, run_tools
+from runs.repository import MIGRATIONS
 from tests.support.fake_realtime import AudioReply, FakeRealtime, ToolCallReply
 from tests.support.speech import speech_frames
 from tests.test_runs_harness import FAKE_AGENT, SAFETY_S
@@ -27,7 +27,7 @@ from voice.call.engine import CallEngine
 from voice.call.identity import Identity
 from voice.call.providers import OpenAIRealtime
 from voice.call.tools import Tool, ToolCall, ToolCatalogue, ToolRefused
-from voice.media.room import RoomTransport
+from voice.media.channel import RoomTransport
 
 OLIVE, GUS, MAY = 301234567890123456, 402345678901234567, 503456789012345678
 KEY = "sk-gate-test-NEVER-SHOWN"

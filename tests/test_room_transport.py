@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 
 from voice.call.vad import DetectorBank, EnergyDetector
-from voice.media.room import MAX_QUEUED_FRAMES, RoomClock, RoomTransport
+from voice.media.channel import MAX_QUEUED_FRAMES, RoomClock, RoomTransport
 
 ALICE, BOB, CAROL = 111111111111111111, 222222222222222222, 333333333333333333
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bot.runs.capture import REDACTED, SECRET_PIECE_CHARS, CappedOutput, Scrubber
+from runs.capture import REDACTED, SECRET_PIECE_CHARS, CappedOutput, Scrubber
 
 SECRET = "sk-proj-Q1w2E3r4T5y6U7i8O9p0-AsDfGhJkL"  # 38 characters
 OTHER = "MTA5ODc2NTQzMjEwOTg3NjU0.GaBcDe.d1sc0rd"

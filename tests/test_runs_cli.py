@@ -9,9 +9,10 @@ import json
 import os
 import socket
 
-from bot.runs import RunsConfig, RunState
-from bot.runs.cli import add_parser, main
-from bot.runs.procs import process_token
+from bot.cli.runs import add_parser, main
+from bot.settings import check_settings
+from runs import RunsConfig, RunState
+from runs.procs import process_token
 from tests.support.fake_hermes import FakeHermes
 from tests.test_runs_harness import ProcessWatch, agent_command, read_fifo
 from tests.test_runs_hermes import KEY
@@ -30,7 +31,8 @@ async def cli(tmp_path, *argv: str, config: RunsConfig | None = None) -> tuple[i
     async def no_wait(delay: float) -> None:
         await asyncio.sleep(0)
 
-    code = await main(parse(*argv), config or RunsConfig(lanes=("command",)), tmp_path / "home", out=out, err=err,
+    settings = check_settings({"SWITCHBOARD_HOME": str(tmp_path / "home")}).settings
+    code = await main(parse(*argv), settings, config=config or RunsConfig(lanes=("command",)), out=out, err=err,
                       sleep=no_wait)
     return code, out.getvalue(), err.getvalue()
 

@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from bot.runs.agent_command import (
+from runs.agent_command import (
     AGENT_ENV_NAMES,
     AGENT_ENV_PREFIXES,
     BOT_SECRET_VARIABLES,
     AgentEnvError,
     parse_agent_env,
 )
-from bot.runs.config import RunsConfig
-from bot.runs.core import Finished, RunState, RunTicket
-from bot.runs.lanes import CommandLane, LaneError
+from runs.config import RunsConfig
+from runs.core import Finished, RunState, RunTicket
+from runs.lanes import CommandLane, LaneError
 from tests.test_runs_harness import SAFETY_S, ProcessWatch, VirtualTime, agent_command, read_fifo
 
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bot.runs.agent_command import (
+from runs.agent_command import (
     TemplateError,
     build_argv,
     child_environment,
@@ -19,8 +19,8 @@ from bot.runs.agent_command import (
     names_model,
     resolve_profile,
 )
-from bot.runs.capture import CappedOutput, cap_text
-from bot.runs.core import (
+from runs.capture import CappedOutput, cap_text
+from runs.core import (
     Accepted,
     ApprovalAnswered,
     ApprovalRequested,
@@ -41,7 +41,7 @@ from bot.runs.core import (
     receipt_on_pending,
     receipt_on_stop,
 )
-from bot.runs.hermes_wire import (
+from runs.hermes_wire import (
     NotHermes,
     decode_event,
     event_observations,
@@ -49,7 +49,7 @@ from bot.runs.hermes_wire import (
     pending_notes,
     status_observation,
 )
-from bot.runs.speech import announcement, approval_question, elapsed_words, voice_choices
+from runs.wording import announcement, approval_question, elapsed_words, voice_choices
 
 T0 = 1000.0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bot.runs.core import RunTicket
+from runs.core import RunTicket
 
 FAKE_AGENT = str(Path(__file__).parent / "support" / "fake_agent.py")
 SAFETY_S = 15.0  # a hang guard only: nothing is asserted about how long anything took

@@ -8,8 +8,8 @@ import socket
 import httpx
 import pytest
 
-from bot.runs.config import RunsConfig
-from bot.runs.core import (
+from runs.config import RunsConfig
+from runs.core import (
     ApprovalAnswered,
     ApprovalRequested,
     Finished,
@@ -18,7 +18,7 @@ from bot.runs.core import (
     RunState,
     RunTicket,
 )
-from bot.runs.lanes import HermesApiLane, LaneError
+from runs.lanes import HermesApiLane, LaneError
 from tests.support.fake_hermes import DEFAULT_FEATURES, FakeHermes
 from tests.test_runs_harness import SAFETY_S, VirtualTime
 

@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from bot.runs import MIGRATIONS, Delivery, RunsConfig, RunService, RunState, SteerState, UnknownRun
-from bot.runs.core import TERMINAL
-from bot.store import DB_FILENAME, open_store
+from common.store import DB_FILENAME, open_store
+from runs import MIGRATIONS, Delivery, RunsConfig, RunService, RunState, SteerState, UnknownRun
+from runs.core import TERMINAL
 from tests.support.fake_hermes import FakeHermes
 from tests.test_runs_harness import (
     SAFETY_S,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from bot.runs import run_tools, speaker_of
+from runs import run_tools, speaker_of
 from tests.test_runs_harness import agent_command
 from tests.test_runs_service import harness
 from voice.call.attribution import Attribution

@@ -9,9 +9,10 @@ import sys
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from bot.runs import Delivery
-from bot.service.app import SwitchboardBot, intents, serve
+from bot.cli.run import serve
+from bot.discord.client import SwitchboardBot, intents
 from bot.settings import check_settings
+from runs import Delivery
 from tests.support.fake_discord import EPHEMERAL, FakeDiscord, SimUser, point_discord_py_at
 from tests.support.fake_discord.interactions import build_command_interaction
 from tests.test_runs_harness import FAKE_AGENT, SAFETY_S

@@ -8,9 +8,9 @@ import stat
 
 import pytest
 
-from bot.runs import MIGRATIONS as RUNS_MIGRATIONS
-from bot.store import DB_FILENAME, Migration, MigrationError, open_store
-from bot.store.db import split_statements
+from common.store import DB_FILENAME, Migration, MigrationError, open_store
+from common.store.db import split_statements
+from runs import MIGRATIONS as RUNS_MIGRATIONS
 
 TRANSCRIPTS = (
     Migration("transcripts", 1, "CREATE TABLE transcripts (id INTEGER PRIMARY KEY, text TEXT NOT NULL);"),
@@ -199,7 +199,7 @@ def holder(tmp_path):
 async def test_a_locked_database_is_tried_again_after_jittered_pauses_until_the_lock_is_let_go(tmp_path):
     import random
 
-    from bot.store import Busy
+    from common.store import Busy
 
     setup = await open_store(tmp_path, COUNTER)
     await setup.close()
@@ -221,7 +221,7 @@ async def test_a_locked_database_is_tried_again_after_jittered_pauses_until_the_
 
 
 async def test_a_lock_that_outlasts_every_attempt_is_one_line_saying_what_to_do(tmp_path):
-    from bot.store import Busy, StoreError
+    from common.store import Busy, StoreError
 
     store = await open_store(tmp_path, COUNTER, busy=Busy(timeout_s=0, attempts=3, sleep=Pauses()))
     other = holder(tmp_path)
@@ -320,7 +320,7 @@ DAMAGE = ("not a database", "truncated", "directory", "fifo")
 
 @pytest.mark.parametrize("kind", DAMAGE)
 async def test_a_damaged_store_is_one_line_naming_the_file_and_nothing_is_deleted(tmp_path, kind):
-    from bot.store import StoreError, check_store
+    from common.store import StoreError, check_store
 
     home = tmp_path / "home"
     before = damage(home, kind)
@@ -338,7 +338,7 @@ async def test_a_damaged_store_is_one_line_naming_the_file_and_nothing_is_delete
 
 
 async def test_a_store_from_a_newer_switchboard_is_one_line_and_left_as_it_was(tmp_path):
-    from bot.store import MigrationError, check_store
+    from common.store import MigrationError, check_store
 
     store = await open_store(tmp_path, TRANSCRIPTS)
     await store.close()
@@ -355,7 +355,7 @@ async def test_a_store_from_a_newer_switchboard_is_one_line_and_left_as_it_was(t
 async def test_check_store_reads_only_and_finds_damage_deep_inside_a_file_that_opens(tmp_path):
     import sqlite3
 
-    from bot.store import check_store
+    from common.store import check_store
 
     assert check_store(tmp_path / "new") is None and not (tmp_path / "new").exists()  # created on first use
     store = await open_store(tmp_path, COUNTER)
@@ -385,7 +385,7 @@ def test_a_test_that_fails_with_a_store_open_fails_instead_of_hanging(tmp_path):
     from pathlib import Path
 
     (tmp_path / "test_left_open.py").write_text(
-        "from bot.store import open_store\n\n"
+        "from common.store import open_store\n\n"
         "async def test_fails_with_the_store_open(tmp_path):\n"
         "    store = await open_store(tmp_path)\n"
         "    assert False, 'failing on purpose'\n")

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from bot import doctor
-from bot.cli import main
-from bot.compose import STORE_MIGRATIONS
+from bot.cli import doctor
+from bot.cli.main import main
+from bot.services import STORE_MIGRATIONS
 from bot.settings import check_settings
-from bot.store import DB_FILENAME, Migration, open_store
+from common.store import DB_FILENAME, Migration, open_store
 from tests.test_store import damage
 
 COMMANDS = {

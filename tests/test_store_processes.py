@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from bot.compose import STORE_MIGRATIONS
-from bot.store import DB_FILENAME, open_store
+from bot.services import STORE_MIGRATIONS
+from common.store import DB_FILENAME, open_store
 from listener.callbacks import Callbacks, MutationTokens
 from tests.support.fake_smartnumbers import FakeSmartnumbers
 

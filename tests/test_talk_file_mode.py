@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bot.cli import main
+from bot.cli.main import main
 from tests.support.fake_realtime import AudioReply, FakeRealtime, ToolCallReply
 
 KEY = "sk-file-mode-secret-777"

@@ -20,7 +20,7 @@ from voice.audio import read_wav, rms_dbfs
 from voice.call.attribution import LOCAL_SPEAKER
 from voice.call.transports.base import FRAME_BYTES, CallTransport
 from voice.call.transports.file import FileTransport
-from voice.call.transports.speaker import SILENCE_FRAME, PacedSpeaker
+from voice.call.transports.playback_queue import SILENCE_FRAME, PacedSpeaker
 from voice.call.transports.terminal import EchoGate, TerminalAudioUnavailable, TerminalTransport
 
 

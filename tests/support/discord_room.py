@@ -27,7 +27,7 @@ from pathlib import Path
 import discord.opus
 import numpy as np
 
-from bot.store import DB_FILENAME
+from common.store import DB_FILENAME
 from tests.support.fake_discord import FakeDiscord, SimUser
 from tests.support.fake_discord.speech import hear_bot
 from tests.support.fake_realtime import FakeRealtime

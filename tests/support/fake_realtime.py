@@ -42,8 +42,8 @@ from urllib.parse import parse_qs, urlsplit
 from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 
-from .fake_realtime_conn import Conn
-from .fake_realtime_replies import (  # noqa: F401  (re-exported)
+from tests.support.fake_realtime_conn import Conn
+from tests.support.fake_realtime_replies import (
     BYTES_PER_MS,
     SAMPLE_RATE,
     AudioReply,

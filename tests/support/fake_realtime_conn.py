@@ -14,7 +14,7 @@ import numpy as np
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
-from .fake_realtime_replies import (
+from tests.support.fake_realtime_replies import (
     BYTES_PER_MS,
     SAMPLE_RATE,
     ActiveResponse,
@@ -25,10 +25,10 @@ from .fake_realtime_replies import (
     speaker_named,
     transcription_event,
 )
-from .realtime_schema import SchemaViolation, validate_client_event, validate_server_event
+from tests.support.realtime_schema import SchemaViolation, validate_client_event, validate_server_event
 
 if TYPE_CHECKING:
-    from .fake_realtime import FakeRealtime
+    from tests.support.fake_realtime import FakeRealtime
 
 FRAME_MS = 20
 _VAD_DEFAULTS = {"server_vad": {"threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 500,

@@ -19,14 +19,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bot.runs.procs import owner_token  # noqa: E402
-from bot.runs.repository import MIGRATIONS as RUNS  # noqa: E402
-from bot.runs.repository import RunRepository  # noqa: E402
-from bot.store import Migration, open_store  # noqa: E402
+from common.store import Migration, open_store  # noqa: E402
 from listener.archive import MIGRATIONS as LISTENER  # noqa: E402
 from listener.archive import ExecutionLedger  # noqa: E402
+from runs.procs import owner_token  # noqa: E402
+from runs.repository import MIGRATIONS as RUNS  # noqa: E402
+from runs.repository import RunRepository  # noqa: E402
 
-STORE_MIGRATIONS = (*RUNS, *(Migration(*step) for step in LISTENER))  # bot.compose's, without its imports
+STORE_MIGRATIONS = (*RUNS, *(Migration(*step) for step in LISTENER))  # bot.services's, without its imports
 
 JOB_KEY = '["command","call_1","turn",0]'
 

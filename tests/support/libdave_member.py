@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Tuple
 import dave
 import davey
 
-from .dave_group import PROTOCOL_VERSION, DaveGroup
+from tests.support.dave_group import PROTOCOL_VERSION, DaveGroup
 
 __all__ = ["LibdaveMember", "CommitWelcome", "split_commit_welcome"]
 

@@ -18,11 +18,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bot.compose import STORE_MIGRATIONS  # noqa: E402
-from bot.runs.repository import RunRepository  # noqa: E402
-from bot.store import open_store  # noqa: E402
+from bot.services import STORE_MIGRATIONS  # noqa: E402
+from common.store import open_store  # noqa: E402
 from listener.archive import Archive  # noqa: E402
 from listener.pipeline import TranscriptPipeline  # noqa: E402
+from runs.repository import RunRepository  # noqa: E402
 
 EVENT = {"conversation_id": "call_crash", "event_id": "evt_crash", "source": "local",
          "metadata": {"direction": "outbound", "from": "+15550001", "to": "+15550002"},

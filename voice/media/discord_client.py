@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 import discord
 from discord.voice_state import ConnectionFlowState, VoiceConnectionState
 
-from .receive import Receiver
+from voice.media.receive import Receiver
 
 log = logging.getLogger(__name__)
 

@@ -16,10 +16,9 @@ import numpy as np
 from voice.audio import Resampler
 from voice.call.actions import PlaybackPosition
 from voice.call.transports.base import PlaybackListener
-from voice.call.transports.speaker import PacedSpeaker
-
-from .opus import FRAME_BYTES
-from .rtp import OPUS_SILENCE
+from voice.call.transports.playback_queue import PacedSpeaker
+from voice.media.opus import FRAME_BYTES
+from voice.media.rtp import OPUS_SILENCE
 
 MODEL_RATE = 24_000
 DISCORD_RATE = 48_000

@@ -22,10 +22,10 @@ from typing import Any, Protocol
 
 import davey
 
-from .deaf import DeafDetector
-from .hearing import MemberHearing
-from .opus import OpusDecoder
-from .rtp import (
+from voice.media.deaf import DeafDetector
+from voice.media.hearing import MemberHearing
+from voice.media.opus import OpusDecoder
+from voice.media.rtp import (
     DAVE_MAGIC,
     NONCE_SUFFIX_SIZE,
     OPUS_PAYLOAD_TYPE,
@@ -35,7 +35,7 @@ from .rtp import (
     parse_header,
     strip_padding,
 )
-from .transport_cipher import TransportCipher, UnsupportedMode
+from voice.media.transport_cipher import TransportCipher, UnsupportedMode
 
 log = logging.getLogger(__name__)
 

@@ -19,9 +19,9 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from .journal import Frame
-from .objects import VOICE
-from .state import DiscordState
+from tests.support.fake_discord.journal import Frame
+from tests.support.fake_discord.objects import VOICE
+from tests.support.fake_discord.state import DiscordState
 
 DISPATCH, HEARTBEAT, IDENTIFY, PRESENCE, VOICE_STATE, RESUME, RECONNECT = 0, 1, 2, 3, 4, 6, 7
 REQUEST_MEMBERS, INVALID_SESSION, HELLO, HEARTBEAT_ACK = 8, 9, 10, 11

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .objects import BOT_PERMISSIONS, Channel, SimUser
-from .state import DiscordState, PendingInteraction
+from tests.support.fake_discord.objects import BOT_PERMISSIONS, Channel, SimUser
+from tests.support.fake_discord.state import DiscordState, PendingInteraction
 
 SUB_COMMAND, SUB_COMMAND_GROUP = 1, 2
 STRING, INTEGER, BOOLEAN, USER, CHANNEL, ROLE, MENTIONABLE, NUMBER, ATTACHMENT = 3, 4, 5, 6, 7, 8, 9, 10, 11

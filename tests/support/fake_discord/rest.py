@@ -18,7 +18,7 @@ from typing import Any
 
 from aiohttp import web
 
-from .checks import (
+from tests.support.fake_discord.checks import (
     ALREADY_ACKNOWLEDGED,
     EMPTY_MESSAGE,
     INVALID_JSON,
@@ -42,8 +42,8 @@ from .checks import (
     check_thread,
     pinged,
 )
-from .journal import RestCall
-from .objects import (
+from tests.support.fake_discord.journal import RestCall
+from tests.support.fake_discord.objects import (
     CREATE_PRIVATE_THREADS,
     CREATE_PUBLIC_THREADS,
     EPHEMERAL,
@@ -58,7 +58,7 @@ from .objects import (
     iso_now,
     message_payload,
 )
-from .state import DiscordState, PendingInteraction
+from tests.support.fake_discord.state import DiscordState, PendingInteraction
 
 API_PREFIX = "/api/v10"
 # Interaction callback types allowed for an APPLICATION_COMMAND interaction; an

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from bot.cli import main
+from bot.cli.main import main
 from tests.support.fake_discord.pointing import point_discord_py
 
 if __name__ == "__main__":

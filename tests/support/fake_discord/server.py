@@ -19,16 +19,16 @@ from typing import Any
 
 from aiohttp import web
 
-from .checks import MISSING_PERMISSIONS, UNKNOWN_CHANNEL, DiscordError
-from .gateway import GUILDS_INTENT, Gateway, GatewaySession
-from .interactions import build_command_interaction
-from .journal import Journal, RestCall
-from .objects import TEXT, Channel, SimUser, ThreadChannel, message_payload
-from .rest import API_PREFIX, RestApi, json_response
-from .speech import Speaker, hear_bot
-from .state import WRITE_LIMIT, WRITE_WINDOW_S, DiscordState, PendingInteraction
-from .tls import make_certificate, server_context
-from .voice_gateway import CLIENT_DISCONNECT, CLIENTS_CONNECT, SPEAKING, VoiceServer
+from tests.support.fake_discord.checks import MISSING_PERMISSIONS, UNKNOWN_CHANNEL, DiscordError
+from tests.support.fake_discord.gateway import GUILDS_INTENT, Gateway, GatewaySession
+from tests.support.fake_discord.interactions import build_command_interaction
+from tests.support.fake_discord.journal import Journal, RestCall
+from tests.support.fake_discord.objects import TEXT, Channel, SimUser, ThreadChannel, message_payload
+from tests.support.fake_discord.rest import API_PREFIX, RestApi, json_response
+from tests.support.fake_discord.speech import Speaker, hear_bot
+from tests.support.fake_discord.state import WRITE_LIMIT, WRITE_WINDOW_S, DiscordState, PendingInteraction
+from tests.support.fake_discord.tls import make_certificate, server_context
+from tests.support.fake_discord.voice_gateway import CLIENT_DISCONNECT, CLIENTS_CONNECT, SPEAKING, VoiceServer
 
 HOST = "127.0.0.1"
 

@@ -20,9 +20,8 @@ import discord.opus
 import nacl.secret
 
 from tests.support.dave_group import diverged_session
+from tests.support.fake_discord.voice_gateway import VoiceSession
 from tests.support.packets import DiscordSender
-
-from .voice_gateway import VoiceSession
 
 OPUS_SILENCE = b"\xf8\xff\xfe"
 

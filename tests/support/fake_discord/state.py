@@ -9,9 +9,18 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .checks import DiscordError, RateLimitError
-from .journal import Journal
-from .objects import EPHEMERAL, TEXT, VOICE, Channel, Guild, SimUser, Snowflakes, ThreadChannel
+from tests.support.fake_discord.checks import DiscordError, RateLimitError
+from tests.support.fake_discord.journal import Journal
+from tests.support.fake_discord.objects import (
+    EPHEMERAL,
+    TEXT,
+    VOICE,
+    Channel,
+    Guild,
+    SimUser,
+    Snowflakes,
+    ThreadChannel,
+)
 
 # Discord's shared per-channel write limit: message creates and edits in one channel (a thread is a
 # channel) count together; the 6th within 5 s is answered 429 (code 20028).

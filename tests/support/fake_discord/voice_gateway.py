@@ -22,9 +22,9 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-from .dave_relay import DaveRelay
-from .journal import Frame, Journal
-from .state import DiscordState
+from tests.support.fake_discord.dave_relay import DaveRelay
+from tests.support.fake_discord.journal import Frame, Journal
+from tests.support.fake_discord.state import DiscordState
 
 IDENTIFY, SELECT_PROTOCOL, READY, HEARTBEAT, SESSION_DESCRIPTION, SPEAKING, HEARTBEAT_ACK = 0, 1, 2, 3, 4, 5, 6
 RESUME, HELLO, CLIENTS_CONNECT, CLIENT_DISCONNECT = 7, 8, 11, 13

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
-from .base import ProviderConfigError, RealtimeProvider, ResponseRequest, SessionConfig, ToolSpec
-from .endpoint import UnsafeEndpoint, check_realtime_url, display_url
-from .openai_ga import OpenAIRealtime
-from .xai import XAIRealtime
+from voice.call.providers.base import (
+    ProviderConfigError,
+    RealtimeProvider,
+    ResponseRequest,
+    SessionConfig,
+    ToolSpec,
+)
+from voice.call.providers.endpoint import UnsafeEndpoint, check_realtime_url, display_url
+from voice.call.providers.openai_ga import OpenAIRealtime
+from voice.call.providers.xai import XAIRealtime
 
 __all__ = [
     "DEFAULT_MODEL",

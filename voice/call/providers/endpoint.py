@@ -11,7 +11,7 @@ from __future__ import annotations
 import ipaddress
 from urllib.parse import SplitResult, parse_qsl, urlsplit
 
-from .base import ProviderConfigError
+from voice.call.providers.base import ProviderConfigError
 
 LOOPBACK = "127.0.0.0/8, ::1, localhost"
 # Query parameter names that carry a credential (compared lowercased, `-` as `_`).

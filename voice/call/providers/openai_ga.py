@@ -7,8 +7,7 @@ import json
 from typing import Any
 
 from voice.call import events as ev
-
-from .base import ProviderConfigError, ResponseRequest, SessionConfig
+from voice.call.providers.base import ProviderConfigError, ResponseRequest, SessionConfig
 
 DEFAULT_URL = "wss://api.openai.com/v1/realtime"
 VOICES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import SessionConfig
-from .openai_ga import OpenAIRealtime
+from voice.call.providers.base import SessionConfig
+from voice.call.providers.openai_ga import OpenAIRealtime
 
 DEFAULT_URL = "wss://api.x.ai/v1/realtime"
 VOICES = ("Ara", "Eve", "Rex", "Sal", "Leo")

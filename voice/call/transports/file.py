@@ -16,9 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from voice.audio import AudioFileError, FrameChunker, MonoConverter, WavReader, WavWriter
-
-from .base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener
-from .speaker import SILENCE_FRAME, PacedSpeaker, SpeakerPlayback
+from voice.call.transports.base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener
+from voice.call.transports.playback_queue import SILENCE_FRAME, PacedSpeaker, SpeakerPlayback
 
 FRAME_S = FRAME_MS / 1000
 _READ_FRAMES = 4800  # sample frames of IN.wav read per block: 100 ms at 48 kHz

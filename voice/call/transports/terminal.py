@@ -16,9 +16,8 @@ from types import ModuleType
 from typing import Any
 
 from voice.audio import FrameChunker, Resampler, rms_dbfs
-
-from .base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener
-from .speaker import PacedSpeaker, SpeakerPlayback
+from voice.call.transports.base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener
+from voice.call.transports.playback_queue import PacedSpeaker, SpeakerPlayback
 
 INSTALL_HINT = (
     "install it with `pip install 'switchboard[audio]'` "

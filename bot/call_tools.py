@@ -1,0 +1,20 @@
+"""The tools every voice call offers its model, in one list: the six run tools over the runs service
+and the phone-call tools over the archive (search, memory, the review and callbacks).
+
+`switchboard talk` and a Discord call build their catalogue from `call_tools`; only the authoriser
+differs (the terminal's one person, or the Discord operator gate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bot.phone.tools import transcript_tools
+from listener.archive import Archive
+from runs import RunService, run_tools, speaker_of
+from voice.call.tools import Tool, ToolCall
+
+
+def call_tools(runs: RunService, *, requester_of: Callable[[ToolCall], int | None] = speaker_of) -> list[Tool]:
+    """`requester_of` names who a run started by voice belongs to (a Discord call: the turn's speaker)."""
+    return [*run_tools(runs, requester_of=requester_of), *transcript_tools(Archive(runs.store))]

@@ -1,0 +1,175 @@
+"""`switchboard run`: the Discord bot, the runs service and the Smartnumbers listener, in one process.
+
+Start-up refuses with one line per missing setting; a rejected token is said as such. The listener
+starts once Discord is ready. SIGINT and SIGTERM shut down in order — stop the listener, leave every
+call (tool outputs settle), stop watching runs, close the gateway normally (1000), close the store —
+and exit 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+import time
+from collections.abc import Awaitable, Callable
+
+import discord
+
+from bot.discord.client import SwitchboardBot
+from bot.discord.phone_cards import DiscordPoster
+from bot.phone.delivery import ListenerDelivery
+from bot.phone.listener import KeySource, listener_problem
+from bot.services import Services, build_services, stop_on_signals
+from bot.settings import Settings, SettingsError, realtime_api_key
+from common.store import StoreError
+from voice.call.providers import ProviderConfigError, make_provider
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+SHUTDOWN_BUDGET_S = 10.0
+
+
+def missing_settings(settings: Settings) -> list[str]:
+    """One line per setting `switchboard run` cannot start without."""
+    problems = []
+    if settings.discord_token is None or not settings.discord_token.get_secret_value():
+        problems.append("DISCORD_BOT_TOKEN is not set: create a bot at https://discord.com/developers/applications "
+                        "and put its token in .env (see README, 'Add the bot to your server')")
+    try:
+        realtime_api_key(settings)
+        make_provider(settings.provider, api_key="check", model=settings.model, voice=settings.voice,
+                      url=settings.realtime_url)
+    except (SettingsError, ProviderConfigError) as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def run(settings: Settings, listener_key=None) -> int:
+    """`listener_key` re-reads the Smartnumbers key at every connect (`bot.phone.listener.rotating_key`)."""
+    problems = missing_settings(settings)
+    if problems:
+        for line in problems:
+            print(f"switchboard run: {line}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return asyncio.run(serve(settings, listener_key=listener_key))
+    except KeyboardInterrupt:
+        return 130
+
+
+async def serve(settings: Settings, stopping: asyncio.Event | None = None,
+                ready: asyncio.Future[SwitchboardBot] | None = None, listener_key: KeySource | None = None) -> int:
+    """Run until SIGINT/SIGTERM (or `stopping` is set); `ready` gets the bot once it has logged in and
+    synced its commands (interactions arrive once the gateway is READY, right after)."""
+    bot = SwitchboardBot(settings)
+    bot.ready_future = ready
+    stopping = stopping or asyncio.Event()
+    try:
+        async with build_services(settings, sink=bot.sink,
+                                  poster=DiscordPoster(bot, settings.transcripts_channel_id)) as services:
+            bot.attach(services)
+            with stop_on_signals(stopping):
+                return await _serve(bot, services, stopping, listener_key)
+    except StoreError as exc:
+        print(f"switchboard run: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+async def _serve(bot: SwitchboardBot, services: Services, stopping: asyncio.Event,
+                 listener_key: KeySource | None) -> int:
+    code = EXIT_OK
+    stream = _build_listener(services, listener_key)
+    starting = None
+    token = services.settings.discord_token.get_secret_value()  # type: ignore[union-attr]
+    runner = asyncio.create_task(bot.start(token), name="discord")
+    try:
+        if stream is not None:  # cards and results need the guilds: listen once Discord is ready
+            starting = asyncio.create_task(_start_when_ready(bot, stream, services.delivery), name="listener-start")
+        stop_wait = asyncio.create_task(stopping.wait())
+        done, _ = await asyncio.wait({runner, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+        if runner in done:
+            code = _start_failure(runner)
+        stop_wait.cancel()
+        if starting is not None:
+            starting.cancel()
+            await asyncio.gather(starting, return_exceptions=True)
+        if stream is not None:  # no new calls while leaving; handlers still running are cancelled
+            await stream.stop()
+            stream = None
+        await shutdown(bot, runner, before_gateway=services.runs.close)
+    finally:
+        if stream is not None:
+            await stream.stop()
+    return code
+
+
+def _build_listener(services: Services, key: KeySource | None = None):
+    """The Smartnumbers listener when it is configured; one line says why when not."""
+    settings = services.settings
+    if settings.listener_key is None:
+        log.info("Smartnumbers listener off: TRANSCRIPT_LISTENER_API_KEY is not set")
+        return None
+    if problem := listener_problem(settings):
+        print(f"switchboard run: the Smartnumbers listener does not start: {problem}", file=sys.stderr)
+        return None
+    return services.listener(key)
+
+
+async def _start_when_ready(bot: SwitchboardBot, listener, delivery: ListenerDelivery) -> None:
+    await bot.connected.wait()
+    try:
+        await listener.start()
+        if posted := await delivery.flush_waiting():
+            log.info("posted %d result(s) that were waiting for their call card", posted)
+        if resumed := await listener.pipeline.resume():
+            log.info("started the jobs of %d call(s) that a stop or crash had left without a run", len(resumed))
+    except Exception as exc:  # said once, plainly; Discord and the runs keep going
+        log.error("the Smartnumbers listener did not start: %s", exc)
+        return
+    log.info("Smartnumbers listener started")
+
+
+def _start_failure(runner: asyncio.Task) -> int:
+    exc = runner.exception() if not runner.cancelled() else None
+    if isinstance(exc, discord.LoginFailure):
+        print("switchboard run: Discord rejected the bot token (DISCORD_BOT_TOKEN): copy it again from the "
+              "Developer Portal (Bot → Reset Token)", file=sys.stderr)
+        return EXIT_USAGE
+    if isinstance(exc, discord.PrivilegedIntentsRequired):
+        print("switchboard run: Discord refused the gateway intents", file=sys.stderr)
+        return EXIT_FAILED
+    if isinstance(exc, (discord.HTTPException, discord.GatewayNotFound, OSError)):
+        print(f"switchboard run: cannot reach Discord ({type(exc).__name__}: {str(exc)[:200]})", file=sys.stderr)
+        return EXIT_FAILED
+    if exc is not None:
+        log.error("the Discord client stopped", exc_info=exc)
+        return EXIT_FAILED
+    return EXIT_OK
+
+
+async def shutdown(bot: SwitchboardBot, runner: asyncio.Task,
+                   before_gateway: Callable[[], Awaitable[None]] | None = None) -> None:
+    """Leave voice first (discord.py's own Ctrl-C path waits out the voice timeout), then stop watching
+    runs (`before_gateway`: a run landing now is delivered at the next start, not lost to a closed
+    gateway), then the gateway."""
+    started = time.monotonic()
+    try:
+        await asyncio.wait_for(bot.calls.leave_all("Switchboard is shutting down"), SHUTDOWN_BUDGET_S / 2)
+    except TimeoutError:
+        log.warning("leaving the calls took longer than %.0f s", SHUTDOWN_BUDGET_S / 2)
+    if before_gateway is not None:
+        await before_gateway()
+    # As `Client.run` does on Ctrl-C: cancel the running start(), then close(). A close() from
+    # another task while start() still polls makes discord.py leave with 4000 instead of 1000.
+    if not runner.done():
+        runner.cancel()
+    await asyncio.gather(runner, return_exceptions=True)
+    remaining = max(1.0, SHUTDOWN_BUDGET_S - (time.monotonic() - started))
+    try:
+        await asyncio.wait_for(bot.close(), remaining)
+    except TimeoutError:
+        log.warning("closing the Discord connection took too long")
+
+

@@ -1,0 +1,157 @@
+"""The Discord client: minimal intents, the slash-command tree, the calls it holds, and `/talk status`.
+
+`bot.cli.run` builds it, gives it the services (`attach`) and starts it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from functools import partial
+from typing import TYPE_CHECKING
+
+import discord
+from discord import app_commands
+
+from bot.discord.calls import CallManager, RoomOptions
+from bot.discord.commands.phone import CallbacksGroup, TranscriptsGroup
+from bot.discord.commands.talk_runs import RunsGroup, TalkGroup
+from bot.discord.embeds import OK, WARN, info_embed
+from bot.discord.gate import OperatorGate
+from bot.discord.runs_channel import ChannelSink
+from bot.settings import Settings, realtime_api_key
+from common.store import Store
+from listener.commands import addresses_agent
+from runs import RunService
+
+if TYPE_CHECKING:
+    from bot.services import Services
+from voice.call.identity import build_identity
+from voice.call.providers import make_provider
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+SHUTDOWN_BUDGET_S = 10.0
+
+
+def intents() -> discord.Intents:
+    """Only what the service needs, nothing privileged: guilds (channels) and voice states (who is in
+    voice, and to connect). Display names arrive with voice states and interactions."""
+    wanted = discord.Intents.none()
+    wanted.guilds = True
+    wanted.voice_states = True
+    return wanted
+
+
+class SwitchboardBot(discord.Client):
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(intents=intents())
+        self.settings = settings
+        self.tree = app_commands.CommandTree(self)
+        self.gate = OperatorGate(settings.operator_user_ids)
+        self.sink = ChannelSink(self, settings.runs_channel_id)
+        self.runs: RunService | None = None
+        self.store: Store | None = None  # set by serve before the gateway opens
+        self.calls = CallManager(self, runs=lambda: self._runs(), gate=self.gate, provider=self._provider,
+                                 identity=lambda memory: build_identity(settings.home, settings.identity_include, memory=memory),
+                                 deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s,
+                                 room=room_options(settings))
+        self.tree.add_command(TalkGroup(self))
+        self.tree.add_command(RunsGroup(self))
+        self.tree.add_command(TranscriptsGroup(self))
+        self.tree.add_command(CallbacksGroup(self))
+        self.synced: list[str] = []
+        self.connected = asyncio.Event()  # set at the first READY: the guilds are known
+        self.ready_future: asyncio.Future[SwitchboardBot] | None = None
+
+    def attach(self, services: Services) -> None:
+        """The services the commands and calls use; given before the gateway opens."""
+        self.runs = services.runs
+        self.store = services.store
+        self.sink.record = lambda run_id, kind, detail: services.runs.repo.log(run_id, kind, detail, time.time())
+
+    def _runs(self) -> RunService:
+        assert self.runs is not None, "the runs service starts before the bot"
+        return self.runs
+
+    def _provider(self):
+        s = self.settings
+        return make_provider(s.provider, api_key=realtime_api_key(s).get_secret_value(), model=s.model,
+                             voice=s.voice, url=s.realtime_url)
+
+    async def setup_hook(self) -> None:
+        if self.settings.guild_ids:  # instant during development: guild commands need no propagation
+            for guild_id in sorted(self.settings.guild_ids):
+                guild = discord.Object(guild_id)
+                self.tree.copy_global_to(guild=guild)
+                commands = await self.tree.sync(guild=guild)
+                self.synced.append(f"guild {guild_id}: {len(commands)} commands")
+        else:
+            commands = await self.tree.sync()
+            self.synced.append(f"global: {len(commands)} commands")
+        log.info("slash commands synced (%s)", "; ".join(self.synced))
+        if self.ready_future is not None and not self.ready_future.done():
+            self.ready_future.set_result(self)  # logged in and synced; the gateway opens next
+
+    async def on_ready(self) -> None:
+        self.connected.set()
+        log.info("connected to Discord as %s (%s) in %d guild(s)", self.user, getattr(self.user, "id", "?"),
+                 len(self.guilds))
+
+    async def on_voice_state_update(self, member: discord.Member, before: discord.VoiceState,
+                                    after: discord.VoiceState) -> None:
+        self.calls.on_voice_state(member, before, after)
+
+    async def status_embed(self, guild_id: int | None) -> discord.Embed:
+        s = self.settings
+        call = self.calls.get(guild_id) if guild_id is not None else None
+        provider = f"{s.provider} {s.model or '(default model)'}, voice {s.voice or '(default)'}"
+        if call is None:
+            embed = info_embed("Call status", f"Not in a voice channel here. {provider}.")
+        else:
+            status = call.engine.status()
+            heard = ", ".join(f"<@{u}> ({n} frames)" for u, n in sorted(call.transport.heard.items())) or "nobody yet"
+            embed = info_embed("Call status", f"In <#{call.channel_id}> since <t:{int(call.started_at)}:R>. {provider}.",
+                               colour=OK)
+            embed.add_field(name="heard", value=heard[:1024], inline=False)
+            receiver = call.voice.receiver
+            if receiver is not None:
+                counters = ", ".join(f"{k} {v}" for k, v in receiver.nonzero_stats().items()) or "none"
+                embed.add_field(name="receiver", value=counters[:1024], inline=False)
+                trouble = [f"<@{u}>: {h['state']} ({h.get('reason') or 'no audio'}, {h['failed']} packets lost)"
+                           for u, h in sorted(receiver.member_health().items()) if h.get("state") != "ok"]
+                if trouble:
+                    embed.add_field(name="can't hear", value="\n".join(trouble)[:1024], inline=False)
+                    embed.colour = WARN
+            turns = [t for t in status.get("recent_turns", []) if t]
+            if turns:
+                lines = [", ".join(f"{name.replace('_', ' ')} {ms:.0f} ms" for name, ms in t.items()) for t in turns[-3:]]
+                embed.add_field(name="last turns (from end of speech)", value="\n".join(lines)[:1024], inline=False)
+            embed.add_field(name="voice activity", value=str(status.get("vad") or "server"), inline=True)
+            embed.add_field(name="captions", value=(call.captions.status() if call.captions else "off")[:1024],
+                            inline=True)
+            audio = status.get("audio", {})
+            counters = audio.get("counters", {})
+            embed.add_field(name="answers", value=f"{audio.get('reply_to', 'everyone')}; {counters.get('turns', 0)} turns, "
+                            f"{counters.get('unanswered', 0)} left unanswered, {counters.get('backchannels', 0)} "
+                            f"backchannels, {counters.get('barge_ins', 0)} interruptions", inline=False)
+        lanes = ", ".join(s.agent_lanes)
+        embed.add_field(name="agent lanes", value=lanes, inline=True)
+        embed.add_field(name="operators", value=str(len(self.gate.operators)) if self.gate.operators else
+                        "none (SWITCHBOARD_OPERATOR_USER_IDS)", inline=True)
+        if self.sink.last_failure is not None:
+            failure = self.sink.last_failure
+            embed.add_field(name="last run post failed", value=f"<t:{int(failure.at)}:R>: {failure.reason}"[:1024],
+                            inline=False)
+            embed.colour = WARN
+        return embed
+
+
+def room_options(settings: Settings) -> RoomOptions:
+    """How calls treat the room; addressed mode uses the listener's direct-address rule (one implementation)."""
+    addressed = partial(addresses_agent, agent_name=settings.agent_name, aliases=settings.activation_names)
+    return RoomOptions(reply_to=settings.reply_to, followup_s=settings.followup_s,
+                       min_interruption_ms=settings.min_interruption_ms, captions=settings.captions,
+                       addressed=addressed, agent_name=settings.agent_name)

@@ -1,0 +1,1 @@
+"""Slash commands, one `app_commands.Group` per topic, each depending on a small context protocol."""

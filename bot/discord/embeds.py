@@ -1,0 +1,73 @@
+"""Embeds for runs and calls, kept inside Discord's limits (4096 description, 6000 per message)."""
+
+from __future__ import annotations
+
+import discord
+
+from runs import RunState, RunTicket
+from runs.wording import STATE_WORDS, bounded, elapsed_words
+
+DESCRIPTION_LIMIT = 4096
+MESSAGE_LIMIT = 6000
+TITLE_LIMIT = 256
+FIELD_LIMIT = 1024
+
+COLOURS = {
+    RunState.STARTING: 0x5865F2, RunState.RUNNING: 0x5865F2, RunState.WAITING_FOR_APPROVAL: 0xFEE75C,
+    RunState.COMPLETED: 0x57F287, RunState.FAILED: 0xED4245, RunState.CANCELLED: 0x95A5A6,
+    RunState.LOST: 0xE67E22,
+}
+OK, WARN = 0x57F287, 0xFEE75C
+
+
+def run_embed(ticket: RunTicket, now: float, *, description_limit: int = 3500) -> discord.Embed:
+    """One run: state colour, requester, lane, duration, output (cut, with where to read the rest)."""
+    took = elapsed_words(ticket.elapsed(ticket.finished_at or now))
+    embed = discord.Embed(title=bounded(f"Run {ticket.id}: {ticket.task}", TITLE_LIMIT - 2),
+                          colour=COLOURS[ticket.state])
+    body = (ticket.output or ticket.error or ticket.progress or "").strip()
+    if len(body) > description_limit:
+        body = body[: description_limit - 80].rstrip() + f"\n… cut here; `/runs show {ticket.id}` pages the rest"
+    embed.description = body or None
+    embed.add_field(name="state", value=STATE_WORDS[ticket.state], inline=True)
+    embed.add_field(name="lane", value=ticket.lane, inline=True)
+    embed.add_field(name="time", value=took, inline=True)
+    embed.add_field(name="asked by", value=f"<@{ticket.requester_id}>" if ticket.requester_id else "—", inline=True)
+    if ticket.error and ticket.output:
+        embed.add_field(name="error", value=bounded(ticket.error, FIELD_LIMIT - 2), inline=False)
+    if ticket.output_cut:
+        embed.set_footer(text="the agent's output was longer than the size cap and was cut")
+    assert len(embed) <= MESSAGE_LIMIT
+    return embed
+
+
+def output_pages(ticket: RunTicket, page_chars: int = 3900) -> list[str]:
+    """A run's whole output in pieces that each fit one embed description."""
+    text = (ticket.output or ticket.error or "").strip()
+    return [text[i:i + page_chars] for i in range(0, len(text), page_chars)] or [""]
+
+
+def runs_list_embed(tickets: list[RunTicket], now: float) -> discord.Embed:
+    embed = discord.Embed(title="Background runs", colour=0x5865F2)
+    if not tickets:
+        embed.description = "No runs yet. Ask the assistant in a call to start one."
+        return embed
+    lines = [f"**{t.id}** · {STATE_WORDS[t.state]} · {t.lane} · {elapsed_words(t.elapsed(t.finished_at or now))} · "
+             f"{bounded(t.task, 80)}" for t in tickets]
+    text = ""
+    for line in lines:
+        if len(text) + len(line) + 1 > DESCRIPTION_LIMIT - 40:
+            text += "\n…"
+            break
+        text += ("\n" if text else "") + line
+    embed.description = text
+    return embed
+
+
+def refusal_embed(text: str) -> discord.Embed:
+    return discord.Embed(description=bounded(text, DESCRIPTION_LIMIT - 2), colour=0xED4245)
+
+
+def info_embed(title: str, text: str, *, colour: int = 0x5865F2) -> discord.Embed:
+    return discord.Embed(title=bounded(title, TITLE_LIMIT - 2), description=bounded(text, DESCRIPTION_LIMIT - 2),
+                         colour=colour)

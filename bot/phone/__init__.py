@@ -1,0 +1,1 @@
+"""Phone calls in the app: the listener service, its jobs as runs, and where their results land."""

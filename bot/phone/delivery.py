@@ -1,0 +1,248 @@
+"""Where the listener's runs land: each finished review, callback or named-command run goes to its
+job's deliver target — under the call's card, in another channel, or only the archive and the log.
+
+`ListenerDelivery` is a notification sink in front of the runs service's usual one: a run the
+execution ledger does not know is passed on unchanged. A review's output becomes the call's review
+in the archive. The run's callback-mutation token (a named command's) is revoked when it lands.
+How a result is shown is a `ResultPoster`: Discord embeds in `switchboard run`, the terminal in
+`switchboard listen`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import sys
+from dataclasses import dataclass
+from typing import Any, Protocol, TextIO
+
+from common.store import Store
+from listener.callbacks import MutationTokens, deliver_channel
+from listener.pipeline import CallCard
+from listener.text import quote_untrusted
+from runs import NotificationSink, RunState, RunTicket
+from runs.procs import owner_alive, owner_token
+from runs.repository import RunRepository
+from runs.wording import STATE_WORDS, bounded, elapsed_words
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class JobResult:
+    """A finished listener run with what it was for."""
+
+    ticket: RunTicket
+    kind: str  # review | callback | command
+    label: str
+    conversation_id: str
+    from_number: str | None
+    to_number: str | None
+    channel_id: int | None  # None: archive and log only
+    card: str | None  # the call card's reference ("channel/message"), when it was posted
+
+
+class ResultPoster(Protocol):
+    async def post_card(self, card: CallCard) -> str | None:
+        """Show a call's card; return its reference (kept with the call). Raise when the post failed."""
+        ...
+
+    async def post_result(self, result: JobResult) -> str:
+        """Show it; return where it went (for the ledger). Raise when the post failed."""
+        ...
+
+
+WAITING = "waiting for the call card"
+POSTING = "posting by "  # + the owner token of the process posting it right now
+
+
+class ListenerDelivery:
+    """The runs service's sink for listener jobs, and the pipeline's card notifier in front of the
+    poster: a result that lands before its call's card waits, and the card, once posted, brings every
+    waiting (or earlier refused) result out under it — so results are always under their card.
+
+    Several processes share the store: a result is marked waiting only in the same statement that
+    sees no card recorded (so a card recorded by another process at that moment cannot miss it),
+    and each result is taken (compare-and-set, `POSTING` + this process) before it is posted, so two
+    processes never post it twice. A result a crashed process was posting is taken again when the
+    listener starts (`flush_waiting`)."""
+
+    def __init__(self, store: Store, fallback: NotificationSink, poster: ResultPoster, *,
+                 default_channel: int | None, owner: str | None = None) -> None:
+        self._store = store
+        self._fallback = fallback
+        self._poster = poster
+        self._default_channel = default_channel
+        self._tokens = MutationTokens(store)
+        self._repo = RunRepository(store)
+        self._owner = owner or owner_token()
+        self._lock = asyncio.Lock()  # a result and its card never cross in this process
+
+    async def post_run(self, ticket: RunTicket) -> None:
+        row = await self._job(ticket.id)
+        if row is None:
+            await self._fallback.post_run(ticket)
+            return
+        await self._tokens.revoke(row["dedupe_key"])
+        if row["kind"] == "review":
+            done = ticket.state is RunState.COMPLETED
+            async with self._store.transaction() as conn:
+                await conn.execute("UPDATE transcripts SET review = ?, review_status = ? WHERE id = ?",
+                                   (ticket.output if done else ticket.error, "done" if done else "failed",
+                                    row["transcript_id"]))
+        async with self._lock:  # checked and marked in one statement, against the card's recording (post_card)
+            waiting = await self._store.execute(
+                "UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ? AND delivered IS NULL AND "
+                "(SELECT card FROM transcripts WHERE id = ?) IS NULL", (WAITING, row["dedupe_key"], row["transcript_id"]))
+        if waiting:
+            log.info("run %s (%s for call %s) waits for the call card", ticket.id, row["kind"],
+                     quote_untrusted(row["conversation_id"]))
+            return
+        await self._post(ticket, await self._job(ticket.id))
+
+    async def post_card(self, card: CallCard) -> str | None:
+        """Post the card (via the poster), record it, then every result that was waiting for it."""
+        reference = await self._poster.post_card(card)  # raises: the pipeline records the stage
+        async with self._lock:
+            async with self._store.transaction() as conn:
+                await conn.execute("UPDATE transcripts SET card = ? WHERE id = ?",
+                                   (reference or "posted", card.transcript_id))
+                async with conn.execute(
+                        "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL AND "
+                        "(delivered = ? OR delivered LIKE 'post failed%') ORDER BY rowid",
+                        (card.transcript_id, WAITING)) as cursor:
+                    held = list(await cursor.fetchall())
+        await self._post_held(held)
+        return reference
+
+    async def flush_waiting(self) -> int:
+        """Post results still waiting for a card that has since been recorded (a crash or a stop between
+        the card and its results), and those a process that is gone was posting. Called when the
+        listener starts; returns how many it posted."""
+        rows = await self._store.fetchall(
+            "SELECT j.job_id FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id WHERE (j.delivered = ? "
+            "OR j.delivered LIKE ?) AND t.card IS NOT NULL ORDER BY j.rowid", (WAITING, POSTING + "%"))
+        return await self._post_held(rows)
+
+    async def _post_held(self, rows: list[Any]) -> int:
+        """Post each held job's finished run (rows carry `job_id`); returns how many were posted."""
+        posted = 0
+        for entry in rows:
+            run_id = int(str(entry["job_id"]).removeprefix("run-"))
+            ticket, row = await self._repo.get(run_id), await self._job(run_id)
+            if ticket is not None and row is not None:
+                posted += await self._post(ticket, row)
+        return posted
+
+    async def _job(self, run_id: int) -> Any:
+        return await self._store.fetchone(
+            "SELECT j.dedupe_key, j.kind, j.label, j.deliver, j.delivered, t.id AS transcript_id, t.conversation_id, "
+            "t.from_number, t.to_number, t.card FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id "
+            "WHERE j.job_id = ?", (f"run-{run_id}",))
+
+    def _postable(self, delivered: str | None) -> bool:
+        """Whether a result in this state is still to be posted: never posted, waiting, refused before,
+        or left half-posted by a process that is gone."""
+        if delivered is None or delivered == WAITING or delivered.startswith("post failed"):
+            return True
+        if delivered.startswith(POSTING):
+            owner = delivered.removeprefix(POSTING)
+            return owner != self._owner and not owner_alive(owner, me=self._owner)
+        return False
+
+    async def _post(self, ticket: RunTicket, row: Any) -> bool:
+        """Take the result (exactly one process wins) and post it; False when it was not ours to post."""
+        seen = row["delivered"]
+        if not self._postable(seen) or await self._store.execute(
+                "UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ? AND delivered IS ?",
+                (POSTING + self._owner, row["dedupe_key"], seen)) != 1:
+            return False
+        result = JobResult(ticket, row["kind"], row["label"], row["conversation_id"], row["from_number"],
+                           row["to_number"], deliver_channel(row["deliver"], self._default_channel), row["card"])
+        where = "post failed: interrupted"
+        try:
+            where = await self._poster.post_result(result)
+        except Exception as exc:  # kept in the ledger; the run and the archive are untouched
+            log.warning("run %s (%s for call %s) was not posted: %s", ticket.id, row["kind"], quote_untrusted(row["conversation_id"]),
+                        exc)
+            where = f"post failed: {str(exc)[:200]}"
+        finally:
+            await asyncio.shield(self._store.execute(
+                "UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ? AND delivered = ?",
+                (where, row["dedupe_key"], POSTING + self._owner)))
+        return True
+
+
+KIND_WORDS = {"review": "review", "callback": "callback", "command": "call command"}
+
+
+class TerminalPoster:
+    """`switchboard listen`: cards and results printed (and logged); nothing goes to Discord."""
+
+    def __init__(self, stream: TextIO | None = None, output_chars: int = 2000) -> None:
+        self._stream = stream
+        self._output_chars = output_chars
+
+    async def post_card(self, card: CallCard) -> str | None:
+        out = self._stream or sys.stderr
+        print(f"\n── {card_title(card)}: {card_summary(card)}", file=out)
+        for fact in card.facts:
+            print(f"   learned: {printable(fact)}", file=out)
+        for job_id, kind, label in card.jobs:
+            print(f"   {job_id}: {KIND_WORDS.get(kind, kind)} \u201c{printable(bounded(label, 80))}\u201d", file=out)
+        out.flush()
+        return None
+
+    async def post_result(self, result: JobResult) -> str:
+        out = self._stream or sys.stderr
+        ticket = result.ticket
+        took = elapsed_words(ticket.elapsed(ticket.finished_at or ticket.updated_at))
+        print(f"\n── {KIND_WORDS.get(result.kind, result.kind)} \u201c{printable(bounded(result.label, 60))}\u201d for "
+              f"call {quote_untrusted(result.conversation_id, 64)} {STATE_WORDS[ticket.state]} after {took} "
+              f"(run {ticket.id})", file=out)
+        if result.channel_id is not None:
+            print(f"   (meant for Discord channel {result.channel_id}; `switchboard run` posts there)", file=out)
+        body = ticket.output or ticket.error or ""
+        if body:
+            print(printable(body) if len(body) <= self._output_chars else
+                  printable(body[: self._output_chars]) + f"\n   … (`switchboard runs show {ticket.id}` has the rest)",
+                  file=out)
+        out.flush()
+        return "terminal"
+
+
+def number(value: str | None) -> str:
+    """A phone number from the payload, printable and bounded (it is the caller's data)."""
+    text = "".join(c for c in (value or "") if c.isprintable())
+    return bounded(text, 40) or "?"
+
+
+def card_title(card: CallCard) -> str:
+    arrow = {"inbound": "Call from", "outbound": "Call to"}.get(card.direction or "")
+    other = card.from_number if card.direction == "inbound" else card.to_number
+    return f"{arrow} {number(other) if other else 'an unknown number'}" if arrow else \
+        f"Call {number(card.from_number)} \u2192 {number(card.to_number)}"
+
+
+def card_summary(card: CallCard) -> str:
+    length = f"{elapsed_words(card.duration_s)}, " if card.duration_s else ""
+    return (f"{number(card.from_number)} \u2192 {number(card.to_number)}, {card.direction or 'direction unknown'}, "
+            f"{length}{card.turns} turns, {len(card.jobs)} job{'s' * (len(card.jobs) != 1)}")
+
+
+def printable(text: str) -> str:
+    """Caller text for a terminal: no control characters (no ANSI escapes), newlines kept."""
+    return "".join(c if c.isprintable() or c == "\n" else "\ufffd" for c in text)
+
+
+def card_reference(channel_id: int, message_id: int) -> str:
+    return json.dumps({"channel": channel_id, "message": message_id})
+
+
+def parse_reference(reference: str | None) -> tuple[int, int] | None:
+    try:
+        value = json.loads(reference or "")
+        return int(value["channel"]), int(value["message"])
+    except (ValueError, KeyError, TypeError):
+        return None

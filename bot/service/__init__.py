@@ -1,1 +1,0 @@
-"""The Discord service: `switchboard run`, slash commands, the operator gate, channel notifications."""

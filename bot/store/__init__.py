@@ -1,7 +1,0 @@
-"""The shared SQLite store: one database file under SWITCHBOARD_HOME, tables owned per package."""
-
-from .db import DB_FILENAME, Busy, Migration, Store, open_store
-from .errors import MigrationError, StoreError
-from .health import check_store
-
-__all__ = ["DB_FILENAME", "Busy", "Migration", "MigrationError", "Store", "StoreError", "check_store", "open_store"]

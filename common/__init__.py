@@ -1,0 +1,2 @@
+"""Leaf helpers below every domain: the SQLite store, path checks, URL and loopback rules, redaction,
+and escaping of untrusted text. Nothing here imports `bot`, `voice`, `runs` or `listener`."""

@@ -1,0 +1,357 @@
+"""Open the shared database owner-only, in WAL mode, and apply each package's migrations once.
+
+Many processes share this file (`run`, `listen`, the CLI, an agent run changing callbacks), so each
+process opens two connections and never mixes their jobs:
+
+- the **writer** runs only `BEGIN IMMEDIATE … COMMIT` transactions and single-statement writes, one
+  at a time in this process. It never holds a read open between them, so taking the write lock
+  always goes through SQLite's busy wait. (A write on a connection that still holds an older read
+  snapshot is refused at once, SQLITE_BUSY_SNAPSHOT, which no busy timeout covers.)
+- the **reader** runs every `fetchone`/`fetchall` as its own short statement (WAL: it never blocks
+  and is never blocked by a writer) and sees every commit made before it started.
+
+A write that still finds the database locked after the busy wait is tried again a few times after a
+jittered pause, then fails with a `StoreError` that says what to do. So does a file that is not a
+usable database: nothing is ever deleted or recreated for the user.
+
+Each package declares its own `Migration(package, version, sql)` list next to its repository module
+and passes it in when the store is opened; versions are applied in order, each in one transaction
+together with its row in `schema_migrations`, so a crash leaves either all of a migration or none.
+Two processes opening the same file at once are safe: the version check runs inside the write lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import random
+import re
+import sqlite3
+import stat
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+import aiosqlite
+
+from common.store.errors import MigrationError, StoreError, is_busy, store_problem
+
+DB_FILENAME = "switchboard.db"
+_SIDECARS = ("-wal", "-shm", "-journal")
+_PACKAGE = re.compile(r"^[a-z][a-z0-9_.]{0,63}$")
+T = TypeVar("T")
+
+_BOOTSTRAP = """
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    package    TEXT    NOT NULL,
+    version    INTEGER NOT NULL,
+    applied_at REAL    NOT NULL,
+    PRIMARY KEY (package, version)
+)
+"""
+
+
+@dataclass(frozen=True)
+class Busy:
+    """How long a write waits for another process: SQLite's own busy wait (`timeout_s`) per attempt,
+    then up to `attempts` tries in all, with a jittered exponential pause between them. `sleep` and
+    `random` are injectable so tests never wait for real."""
+
+    timeout_s: float = 5.0
+    attempts: int = 5
+    first_pause_s: float = 0.05
+    max_pause_s: float = 1.0
+    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, compare=False)
+    random: Callable[[], float] = field(default=random.random, compare=False)
+
+    def pause(self, attempt: int) -> float:
+        """The pause after failed attempt `attempt` (0-based): between half and one and a half times
+        the doubled step, so processes that collided do not collide again in lockstep."""
+        step = min(self.max_pause_s, self.first_pause_s * (2 ** attempt))
+        return step * (0.5 + self.random())
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One schema step of one package. `version` counts from 1 per package, without gaps."""
+
+    package: str
+    version: int
+    sql: str
+
+
+def _check(migrations: Iterable[Migration]) -> dict[str, list[Migration]]:
+    by_package: dict[str, list[Migration]] = {}
+    for m in migrations:
+        if not _PACKAGE.match(m.package):
+            raise MigrationError(f"migration package name {m.package!r} is not a lowercase identifier")
+        by_package.setdefault(m.package, []).append(m)
+    for package, items in by_package.items():
+        items.sort(key=lambda m: m.version)
+        versions = [m.version for m in items]
+        if versions != list(range(1, len(items) + 1)):
+            raise MigrationError(f"migrations of {package!r} must be numbered 1..n without gaps or "
+                                 f"repeats, got {versions}")
+    return by_package
+
+
+def newer_than_known(path: Path, package: str, current: int, known: int) -> MigrationError:
+    return MigrationError(f"{path} has {package} schema version {current}, newer than this Switchboard knows "
+                          f"({known}): upgrade Switchboard (or point SWITCHBOARD_HOME elsewhere); nothing was "
+                          f"changed")
+
+
+def split_statements(sql: str) -> list[str]:
+    """Split a migration script into complete statements (triggers included), dropping blanks."""
+    statements, buffer = [], ""
+    for piece in sql.split(";"):
+        buffer += piece + ";"
+        if sqlite3.complete_statement(buffer):
+            if buffer.strip(" \t\r\n;"):
+                statements.append(buffer.strip())
+            buffer = ""
+    if buffer.strip(" \t\r\n;"):
+        raise MigrationError(f"migration has an incomplete statement: {buffer.strip()[:80]!r}")
+    return statements
+
+
+def _secure_dir(directory: Path) -> None:
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if stat.S_IMODE(directory.stat().st_mode) != 0o700:
+        os.chmod(directory, 0o700)
+
+
+def _secure_file(path: Path) -> None:
+    # Create it owner-only before SQLite does: SQLite gives the -wal/-shm sidecars the db's mode.
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    os.close(fd)
+    _tighten(path)
+
+
+def _tighten(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_IMODE(path.stat().st_mode) != 0o600:
+            os.chmod(path, 0o600)
+
+
+class Store:
+    """The shared database: a writer connection for transactions and single-statement writes, a
+    reader connection for queries (see the module docstring). Methods raise `StoreError` (one line,
+    names the file, says what to do) when the file is damaged or stays locked."""
+
+    def __init__(self, path: Path, writer: aiosqlite.Connection, reader: aiosqlite.Connection,
+                 clock: Callable[[], float], busy: Busy) -> None:
+        self.path = path
+        self.db = writer  # the writer: only inside `transaction()`, or one autocommit statement
+        self.reader = reader
+        self._clock = clock
+        self._busy = busy
+        self._write_lock = asyncio.Lock()
+        self._closed = False
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The database file and whichever sidecars exist right now."""
+        sidecars = (self.path.with_name(self.path.name + s) for s in _SIDECARS)
+        return (self.path, *(p for p in sidecars if p.exists()))
+
+    def tighten_modes(self) -> None:
+        """Re-assert 0600 on the database and its sidecars (SQLite may recreate -wal/-shm)."""
+        for path in self.files:
+            _tighten(path)
+
+    async def _retry(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """Run `operation`, again after a jittered pause while the database stays locked; a damaged
+        file or a lock that outlasts every attempt becomes one StoreError line."""
+        for attempt in range(self._busy.attempts):
+            try:
+                return await operation()
+            except sqlite3.Error as exc:
+                if not is_busy(exc) or attempt == self._busy.attempts - 1:
+                    raise self._problem(exc) from None
+            await self._busy.sleep(self._busy.pause(attempt))
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _problem(self, exc: sqlite3.Error) -> Exception:
+        if is_busy(exc):
+            waited = self._busy.timeout_s * self._busy.attempts
+            return StoreError(f"{self.path} stayed locked by another process for over {waited:.0f} s: try again; "
+                              "if it persists, stop the other Switchboard processes using this SWITCHBOARD_HOME")
+        problem = store_problem(self.path, exc)
+        return StoreError(problem) if problem else exc
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+        """BEGIN IMMEDIATE … COMMIT (ROLLBACK on error) on the writer, one transaction of this
+        process at a time. Everything read through the yielded connection is read under the write
+        lock, so a read-then-write inside it is atomic across processes. Keep it short: no network,
+        no model calls inside."""
+        async with self._write_lock:
+            await self._retry(lambda: self.db.execute("BEGIN IMMEDIATE"))
+            try:
+                yield self.db
+                await self.db.execute("COMMIT")
+            except BaseException as exc:
+                # Queued at once on the writer's thread, so it runs even if this task is cancelled
+                # again: a transaction left open would hold every other process's writes.
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._rollback())
+                if isinstance(exc, sqlite3.Error):
+                    raise self._problem(exc) from None
+                raise
+
+    async def _rollback(self) -> None:
+        if self.db.in_transaction:
+            await self.db.execute("ROLLBACK")
+
+    async def execute(self, sql: str, params: Sequence = ()) -> int:
+        """One statement, committed at once; returns the number of rows changed."""
+        async def run() -> int:
+            async with self.db.execute(sql, params) as cursor:
+                return cursor.rowcount
+
+        async with self._write_lock:
+            return await self._retry(run)
+
+    async def insert(self, sql: str, params: Sequence = ()) -> int:
+        """One INSERT, committed at once; returns the new row id."""
+        async def run() -> int:
+            async with self.db.execute(sql, params) as cursor:
+                return int(cursor.lastrowid)
+
+        async with self._write_lock:
+            return await self._retry(run)
+
+    async def fetchone(self, sql: str, params: Sequence = ()) -> sqlite3.Row | None:
+        return await self._retry(lambda: self._read(_first, sql, params))
+
+    async def fetchall(self, sql: str, params: Sequence = ()) -> list[sqlite3.Row]:
+        return await self._retry(lambda: self._read(_every, sql, params))
+
+    async def _read(self, read: Callable[[sqlite3.Connection, str, Sequence], T], sql: str, params: Sequence) -> T:
+        # One call on the reader's thread: the statement runs, is read and is closed before any other
+        # task's read runs there. A statement left open between awaits would keep the reader's snapshot
+        # open, and every other task's read would see the database as it was then, missing later commits.
+        return await self.reader._execute(read, self.reader._conn, sql, params)
+
+    async def versions(self) -> dict[str, int]:
+        """The highest applied version of every package."""
+        rows = await self.fetchall("SELECT package, MAX(version) AS v FROM schema_migrations GROUP BY package")
+        return {row["package"]: row["v"] for row in rows}
+
+    async def migrate(self, migrations: Iterable[Migration]) -> list[Migration]:
+        """Apply the migrations not yet recorded; returns those applied now. Safe to call again."""
+        applied: list[Migration] = []
+        for package, items in _check(migrations).items():
+            async with self.transaction() as db:
+                async with db.execute("SELECT MAX(version) FROM schema_migrations WHERE package = ?",
+                                      (package,)) as cursor:
+                    current = (await cursor.fetchone())[0] or 0
+                if current > len(items):
+                    raise newer_than_known(self.path, package, current, len(items))
+                for migration in items[current:]:
+                    for statement in split_statements(migration.sql):
+                        await db.execute(statement)
+                    await db.execute("INSERT INTO schema_migrations (package, version, applied_at) "
+                                     "VALUES (?, ?, ?)", (package, migration.version, self._clock()))
+                    applied.append(migration)
+        self.tighten_modes()
+        return applied
+
+    async def close(self) -> None:
+        """Close both connections; a second call does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        for connection in (self.reader, self.db):
+            with contextlib.suppress(Exception):
+                await connection.close()
+
+
+def _first(conn: sqlite3.Connection, sql: str, params: Sequence) -> sqlite3.Row | None:
+    cursor = conn.execute(sql, params)
+    try:
+        return cursor.fetchone()
+    finally:
+        cursor.close()
+
+
+def _every(conn: sqlite3.Connection, sql: str, params: Sequence) -> list[sqlite3.Row]:
+    cursor = conn.execute(sql, params)
+    try:
+        return cursor.fetchall()
+    finally:
+        cursor.close()
+
+
+async def _connect(path: Path, busy: Busy) -> aiosqlite.Connection:
+    """An aiosqlite connection whose worker thread is a daemon: a store left open (a test that
+    failed, a crash on the way out) must not keep the interpreter alive waiting for it at exit."""
+    connection = aiosqlite.connect(path, isolation_level=None, timeout=busy.timeout_s)
+    worker = getattr(connection, "_thread", None)  # aiosqlite starts it on first await, non-daemon
+    if isinstance(worker, threading.Thread) and not worker.is_alive():
+        worker.daemon = True
+    db = await connection
+    db.row_factory = sqlite3.Row
+    return db
+
+
+async def _enter_wal(store: Store) -> str:
+    """PRAGMA journal_mode=WAL, retried: SQLite answers a concurrent switch with SQLITE_BUSY at once,
+    without calling the busy handler, when two processes create the database together."""
+    async def switch() -> str:
+        async with store.db.execute("PRAGMA journal_mode=WAL") as cursor:
+            return str((await cursor.fetchone())[0])
+
+    async with store._write_lock:
+        return await store._retry(switch)
+
+
+async def open_store(home: Path, migrations: Iterable[Migration] = (), *,
+                     clock: Callable[[], float] = time.time, filename: str = DB_FILENAME,
+                     busy: Busy | None = None) -> Store:
+    """Open (creating) `home/filename` owner-only in WAL mode and apply `migrations`. Raises
+    StoreError (one line) for a home or file that cannot hold the store; deletes nothing."""
+    home = Path(home).expanduser()
+    path = home / filename
+    busy = busy or Busy()
+    from common.paths import home_problem  # the same line doctor prints
+
+    if problem := home_problem(home):
+        raise StoreError(problem)
+    if problem := store_problem(path):
+        raise StoreError(problem)
+    try:
+        _secure_dir(home)
+        _secure_file(path)
+        writer = await _connect(path, busy)
+    except (OSError, sqlite3.Error) as exc:
+        raise StoreError(store_problem(path, exc) or f"cannot open the database {path}: {exc}; check "
+                         f"SWITCHBOARD_HOME and its permissions") from None
+    try:
+        reader = await _connect(path, busy)
+    except BaseException:
+        await writer.close()
+        raise
+    store = Store(path, writer, reader, clock, busy)
+    try:
+        # First: switching to WAL takes the write lock, and another process may be opening it too.
+        mode = await _enter_wal(store)
+        if mode.lower() != "wal":
+            raise StoreError(f"{path} could not switch to WAL mode (got {mode}); is it on a network "
+                             f"filesystem? Keep SWITCHBOARD_HOME on a local disk")
+        await store.execute("PRAGMA foreign_keys=ON")
+        await store.execute("PRAGMA synchronous=FULL")
+        await store.execute(_BOOTSTRAP)
+        await store.migrate(migrations)
+        # The reader only reads: a write sent to it by mistake fails loudly instead of racing the writer.
+        await store._retry(lambda: reader.execute("PRAGMA query_only=ON"))
+        await store.fetchone("SELECT COUNT(*) FROM sqlite_master")
+    except BaseException:
+        await store.close()
+        raise
+    return store
