@@ -72,7 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import discord.opus  # noqa: E402
 import numpy as np  # noqa: E402
 
-from listener.commands import addresses_agent  # noqa: E402
+from listener.named_commands import addresses_agent  # noqa: E402
 from tests.support.dave_group import DaveGroup  # noqa: E402
 from tests.support.fake_realtime import AudioReply, FakeRealtime  # noqa: E402
 from tests.support.packets import DiscordSender, FakeConnection  # noqa: E402

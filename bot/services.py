@@ -23,9 +23,9 @@ from dataclasses import dataclass
 from bot.phone.delivery import ListenerDelivery, ResultPoster, TerminalPoster
 from bot.settings import SECRET_VARIABLES, Settings
 from common.store import Migration, Store, open_store
-from listener.archive import MIGRATIONS as LISTENER_STEPS
 from listener.archive import Archive
 from listener.callbacks import Callbacks, MutationTokens
+from listener.repository import MIGRATIONS as LISTENER_STEPS
 from runs import MIGRATIONS, NotificationSink, RunsConfig, RunService, TerminalSink
 from runs.lanes import Lane
 

@@ -92,7 +92,7 @@ def command_template(value: Any, placeholder: str) -> tuple[str, ...]:
 
 
 def endpoint(check: Callable[[str], str], value: Any) -> str:
-    """Run an endpoint check from voice.call.providers.endpoint, as a ValueError."""
+    """Run an endpoint check from common.urls, as a ValueError."""
     try:
         return check(str(value))
     except ValueError as exc:  # UnsafeEndpoint is a ValueError

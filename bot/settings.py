@@ -24,6 +24,7 @@ from pydantic import AliasChoices, Field, SecretStr, ValidationError, Validation
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from bot import setting_rules as rules
+from common.urls import check_key_endpoint, display_url
 from runs.agent_command import AgentEnvError, check_agent_env, parse_agent_env
 from voice.call.providers import (
     DEFAULT_MODEL,
@@ -33,7 +34,7 @@ from voice.call.providers import (
     check_model,
     check_voice,
 )
-from voice.call.providers.endpoint import check_key_endpoint, check_realtime_url, display_url
+from voice.call.providers.endpoint import check_realtime_url
 
 ENDPOINTING_MODES = ("server", "local")
 REPLY_MODES = ("everyone", "addressed")

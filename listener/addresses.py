@@ -1,7 +1,7 @@
 """Which transcript URLs and which IP addresses the listener may fetch from (SSRF rules).
 
-Pure and sans-I/O: no sockets, no DNS, no clock (the caller passes `now`). The rules are in
-`smartnumbers.md` ("Download safety (SSRF)"):
+Pure and sans-I/O: no sockets, no DNS, no clock (the caller passes `now`). The rules (also in
+docs/listener.md, "Downloads and transcripts"):
 
 - `check_transcript_url` decides whether a URL may be fetched at all: https on the default port, no
   userinfo, an optional exact-host allow-list, `expires_at` not passed. With `allow_insecure_local`
@@ -21,6 +21,8 @@ import re
 from dataclasses import dataclass, field
 from datetime import datetime
 from urllib.parse import urlsplit
+
+from common.urls import is_loopback
 
 __all__ = ["MAX_URL_CHARS", "ParsedURL", "UnsafeTranscriptURL", "check_transcript_url", "vet_address"]
 
@@ -243,10 +245,8 @@ def _host_of(netloc: str) -> tuple[str, str | None]:
 
 
 def is_loopback_target(host: str, ip: str | None) -> bool:
-    """`localhost`, or an IP literal refused only for being loopback (127/8, ::1, mapped forms)."""
-    if ip is None:
-        return host == "localhost"
-    return vet_address(ip) is not None and vet_address(ip, allow_loopback=True) is None
+    """`localhost`, or a loopback IP literal (127/8, ::1, IPv4-mapped loopback): `common.urls.is_loopback`."""
+    return is_loopback(ip if ip is not None else host)
 
 
 def _check_expiry(expires_at: str | None, now: datetime) -> None:

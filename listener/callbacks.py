@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from listener.archive import Database
+from listener.repository import CallbackRepository, Database, TokenRepository, TranscriptRepository
 
 REVIEW_ID = "default-review"
 REVIEW_NAME = "Call review"
@@ -116,15 +116,16 @@ class Callbacks:
 
     def __init__(self, db: Database, *, clock: Callable[[], float] = time.time) -> None:
         self.db = db
+        self._rows = CallbackRepository(db)
+        self._transcripts = TranscriptRepository(db)
         self._clock = clock
 
     async def list(self, *, include_review: bool = True) -> list[Callback]:
-        rows = await self.db.fetchall("SELECT * FROM listener_callbacks ORDER BY id = ? DESC, created_at, id",
-                                      (REVIEW_ID,))
+        rows = await self._rows.all(first=REVIEW_ID)
         return [_row(r) for r in rows if include_review or r["id"] != REVIEW_ID]
 
     async def get(self, callback_id: str) -> Callback:
-        row = await self.db.fetchone("SELECT * FROM listener_callbacks WHERE id = ?", (check_id(callback_id),))
+        row = await self._rows.get(check_id(callback_id))
         if row is None:
             raise CallbackError(f"there is no callback {callback_id!r}; `list` shows them")
         return _row(row)
@@ -135,13 +136,8 @@ class Callbacks:
             raise CallbackError("default-review is the call review: change it with transcript_review_config set")
         values = (cid, _text(name, "a name", MAX_NAME), _text(instructions, "instructions", MAX_INSTRUCTIONS),
                   check_deliver(deliver))
-        now = self._clock()
-        async with self.db.transaction() as conn:
-            async with conn.execute("SELECT 1 FROM listener_callbacks WHERE id = ?", (cid,)) as cursor:
-                if await cursor.fetchone() is not None:
-                    raise CallbackError(f"a callback {cid!r} exists already: update it, or pick another id")
-            await conn.execute("INSERT INTO listener_callbacks (id, name, instructions, deliver, created_at, updated_at)"
-                               " VALUES (?, ?, ?, ?, ?, ?)", (*values, now, now))
+        if not await self._rows.insert_new(*values, self._clock()):
+            raise CallbackError(f"a callback {cid!r} exists already: update it, or pick another id")
         return await self.get(cid)
 
     async def update(self, callback_id: str, *, name: str | None = None, instructions: str | None = None,
@@ -169,37 +165,26 @@ class Callbacks:
         return current
 
     async def _delete(self, callback_id: str) -> None:
-        async with self.db.transaction() as conn:
-            await conn.execute("DELETE FROM listener_callbacks WHERE id = ?", (callback_id,))
+        await self._rows.delete(callback_id)
 
     async def _write(self, cid: str, *, name: str | None = None, instructions: str | None = None,
                      deliver: str | None = None, enabled: bool | None = None) -> None:
         """Change only the fields given, in one statement: another process changing another field of the
         same callback at the same moment keeps its change (no read-modify-write)."""
-        async with self.db.transaction() as conn:
-            await conn.execute("UPDATE listener_callbacks SET name = COALESCE(?, name), "
-                               "instructions = COALESCE(?, instructions), deliver = COALESCE(?, deliver), "
-                               "enabled = COALESCE(?, enabled), revision = revision + 1, updated_at = ? WHERE id = ?",
-                               (name, instructions, deliver, None if enabled is None else int(enabled), self._clock(),
-                                cid))
+        await self._rows.change(cid, name=name, instructions=instructions, deliver=deliver, enabled=enabled,
+                                now=self._clock())
 
     # -- the default review ------------------------------------------------------------------------
 
     async def review(self) -> Callback | None:
-        row = await self.db.fetchone("SELECT * FROM listener_callbacks WHERE id = ?", (REVIEW_ID,))
+        row = await self._rows.get(REVIEW_ID)
         return None if row is None else _row(row)
 
     async def set_review(self, instructions: str, deliver: str | None = None) -> Callback:
         text = _text(instructions, "review instructions", MAX_INSTRUCTIONS)
         target = check_deliver(deliver)
-        now = self._clock()
-        async with self.db.transaction() as conn:  # one statement: two processes setting it at once both succeed
-            await conn.execute("INSERT INTO listener_callbacks (id, name, instructions, deliver, created_at, updated_at) "
-                               "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET "
-                               "instructions = excluded.instructions, enabled = 1, revision = revision + 1, "
-                               "updated_at = excluded.updated_at"
-                               + (", deliver = excluded.deliver" if deliver is not None else ""),
-                               (REVIEW_ID, REVIEW_NAME, text, target, now, now))
+        # one statement: two processes setting it at once both succeed
+        await self._rows.put(REVIEW_ID, REVIEW_NAME, text, target, self._clock(), replace_deliver=deliver is not None)
         review = await self.review()
         assert review is not None
         return review
@@ -222,10 +207,10 @@ class Callbacks:
         """`due` for an archived call, measured against the time it was first archived — never the time
         of this delivery, so a redelivered event cannot run a callback registered after the call.
         Nothing is due for a call that is not archived."""
-        row = await self.db.fetchone("SELECT received_at FROM transcripts WHERE id = ?", (transcript_id,))
-        if row is None:
+        received_at = await self._transcripts.received_at(transcript_id)
+        if received_at is None:
             return []
-        return await self.due(auto_review=auto_review, received_at=float(row["received_at"]))
+        return await self.due(auto_review=auto_review, received_at=received_at)
 
 
 def _digest(token: str) -> str:
@@ -238,16 +223,14 @@ class MutationTokens:
 
     def __init__(self, db: Database, *, clock: Callable[[], float] = time.time, ttl_s: float = TOKEN_TTL_S) -> None:
         self.db = db
+        self._rows = TokenRepository(db)
         self._clock = clock
         self.ttl_s = ttl_s
 
     async def issue(self, job_key: str) -> str:
         token = "sbt_" + secrets.token_urlsafe(24)
         now = self._clock()
-        async with self.db.transaction() as conn:
-            await conn.execute("DELETE FROM listener_tokens WHERE expires_at <= ?", (now,))
-            await conn.execute("INSERT INTO listener_tokens (token_hash, job_key, expires_at, created_at) "
-                               "VALUES (?, ?, ?, ?)", (_digest(token), job_key, now + self.ttl_s, now))
+        await self._rows.add(_digest(token), job_key, expires_at=now + self.ttl_s, now=now)
         return token
 
     async def valid(self, token: str | None) -> bool:
@@ -255,11 +238,9 @@ class MutationTokens:
         if not token or not isinstance(token, str) or not token.startswith("sbt_") or len(token) > 100:
             return False
         digest = _digest(token.strip())
-        row = await self.db.fetchone("SELECT token_hash, expires_at FROM listener_tokens WHERE token_hash = ?",
-                                     (digest,))
+        row = await self._rows.get(digest)
         return row is not None and hmac.compare_digest(row["token_hash"], digest) and \
             float(row["expires_at"]) > self._clock()
 
     async def revoke(self, job_key: str) -> None:
-        async with self.db.transaction() as conn:
-            await conn.execute("DELETE FROM listener_tokens WHERE job_key = ?", (job_key,))
+        await self._rows.revoke(job_key)

@@ -1,6 +1,6 @@
 """Fetch a transcript from its `transcript_url`, safely (the I/O shell around `listener.addresses`).
 
-The order matters, it closes the DNS-rebinding window the old plugin had:
+The order matters: it closes the DNS-rebinding window a check-then-connect downloader leaves open:
 
 1. `check_transcript_url` (length, scheme, port, userinfo, allow-list, `expires_at`);
 2. resolve the host ONCE;

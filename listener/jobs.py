@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from listener.callbacks import Callback
-from listener.commands import CallCommand
 from listener.memory import numbered_transcript
 from listener.model import Transcript
+from listener.named_commands import CallCommand
 
 INLINE_TRANSCRIPT_BYTES = 60_000  # the whole prompt stays under Linux's 128 KiB per-argument limit
 # Only a command that is about post-call work is given the token that may change it.

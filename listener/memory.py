@@ -32,16 +32,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from listener.archive import Database, fts_query
-from listener.model import Transcript
+from listener.archive import fts_query
+from listener.model import Fact, Transcript
+from listener.repository import Database, FactRepository, TranscriptRepository
 
 MIN_QUOTE = 8
 MIN_CONFIRMATION = 2
 MAX_FACT = 300
 MAX_FACTS_PER_CALL = 30
 MEMORY_FACTS = 40  # the newest facts a call starts knowing (voice.call.identity caps their text)
-_COLUMNS = ("f.id, f.fact, f.quote, f.assertion_turn, f.speaker, f.confirmation_turn, f.created_at, t.conversation_id, "
-            "t.received_at")
 
 FACT_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -82,15 +81,6 @@ _INJECTION = re.compile(
     r"\b(ignore|disregard|forget)\b.{0,40}\b(instructions?|prompts?|rules|previous|above|prior)\b|"
     r"\bsystem\s+prompt\b|\bfrom\s+now\s+on\b|\b(assistant|agent|ai|bot)\s+(must|should|shall|will\s+always)\b|"
     r"\byou\s+(must|should|shall)\b|\bnew\s+instructions?\b", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class Fact:
-    text: str
-    quote: str
-    assertion_turn: int  # 0-based turn index
-    speaker: str
-    confirmation_turn: int | None = None
 
 
 @dataclass(frozen=True)
@@ -255,38 +245,31 @@ class Memory:
 
     def __init__(self, db: Database, *, clock: Callable[[], float] = time.time) -> None:
         self.db = db
+        self._facts = FactRepository(db)
+        self._transcripts = TranscriptRepository(db)
         self._clock = clock
 
     async def save(self, transcript_id: int, facts: Sequence[Fact]) -> int:
         """Store a call's facts and mark its memory done, in one transaction; returns how many are new."""
-        added = 0
-        async with self.db.transaction() as conn:
-            for fact in facts:
-                cursor = await conn.execute(
-                    "INSERT OR IGNORE INTO listener_facts (transcript_id, fact, quote, assertion_turn, speaker, "
-                    "confirmation_turn, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                    (transcript_id, fact.text, fact.quote, fact.assertion_turn, fact.speaker, fact.confirmation_turn,
-                     self._clock()))
-                added += cursor.rowcount
-            await conn.execute("UPDATE transcripts SET memory_status = 'done' WHERE id = ?", (transcript_id,))
-        return added
+        return await self._facts.save(transcript_id, facts, self._clock)
 
     async def mark(self, transcript_id: int, status: str) -> None:
-        async with self.db.transaction() as conn:
-            await conn.execute("UPDATE transcripts SET memory_status = ? WHERE id = ?", (status, transcript_id))
+        await self._transcripts.set_memory_status(transcript_id, status)
+
+    async def status(self, transcript_id: int) -> str | None:
+        """The call's memory state: "none", "done" (its facts are learned), "error" (None: no such call)."""
+        return await self._transcripts.memory_status(transcript_id)
 
     async def facts(self, limit: int = MEMORY_FACTS) -> list[dict[str, Any]]:
         """The newest facts first: what a call's instructions start with."""
-        rows = await self.db.fetchall(
-            f"SELECT {_COLUMNS} FROM listener_facts f JOIN transcripts t ON t.id = f.transcript_id "
-            "ORDER BY f.created_at DESC, f.id DESC LIMIT ?", (limit,))
-        return [_fact(r) for r in rows]
+        return [_fact(r) for r in await self._facts.newest(limit)]
+
+    async def facts_of(self, transcript_id: int) -> list[str]:
+        """The facts learned from one call, in the order learned."""
+        return [row["fact"] for row in await self._facts.of_call(transcript_id)]
 
     async def search(self, query: str, *, limit: int = 10, offset: int = 0) -> dict[str, Any]:
-        rows = await self.db.fetchall(
-            f"SELECT {_COLUMNS} FROM listener_facts_fts JOIN listener_facts f ON f.id = listener_facts_fts.rowid JOIN transcripts t ON t.id = f.transcript_id WHERE "
-            "listener_facts_fts MATCH ? ORDER BY bm25(listener_facts_fts), f.id LIMIT ? OFFSET ?",
-            (fts_query(query), limit + 1, offset))
+        rows = await self._facts.search(fts_query(query), limit=limit + 1, offset=offset)
         return {"source_trust": "external-untrusted", "query": query, "facts": [_fact(r) for r in rows[:limit]],
                 "offset": offset, "next_offset": offset + limit if len(rows) > limit else None}
 

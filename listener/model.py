@@ -45,3 +45,14 @@ def user_label_for(direction: str | None, *, inbound: str = "TO", outbound: str 
     """The label of the user's own speaker: on an inbound call the user was called (TO), on an
     outbound call the user called (FROM). None when the direction is unknown: nobody is the user."""
     return {"inbound": inbound, "outbound": outbound}.get((direction or "").lower())
+
+
+@dataclass(frozen=True)
+class Fact:
+    """A durable fact the user stated (or confirmed): its text, the verbatim quote, and the turns it came from."""
+
+    text: str
+    quote: str
+    assertion_turn: int  # 0-based turn index
+    speaker: str
+    confirmation_turn: int | None = None

@@ -3,7 +3,7 @@
 The transcript is archived (committed) before anything is acknowledged or dispatched. After that,
 two things happen side by side: durable-fact memory (one model request, validated in code) and the
 jobs — the review, each enabled callback, each named command — each claimed in the execution
-ledger (`listener.archive.ExecutionLedger`) under a stable key before it starts, so a replayed event
+ledger (`listener.ledger.ExecutionLedger`) under a stable key before it starts, so a replayed event
 finds the same archived call and the same jobs and starts nothing twice. A step that failed (a model
 down, a runs service that refused, a card Discord would not take) is retried by the next delivery of
 the event, and only that step. Then the call card is posted once, naming the jobs (one not started
@@ -30,14 +30,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from listener.archive import Archive, Claim, ExecutionLedger, process_alive
+from listener.archive import Archive
 from listener.callbacks import Callbacks, MutationTokens
-from listener.commands import CallCommand, find_commands
 from listener.download import TranscriptDownloadError
 from listener.extract import ExtractionError, FactExtractor
 from listener.jobs import Job, JobStarter, about_callbacks, callback_job, command_job, review_job
+from listener.ledger import Claim, ExecutionLedger, process_alive
 from listener.memory import Memory, validate
 from listener.model import Transcript, user_label_for
+from listener.named_commands import CallCommand, find_commands
 from listener.text import quote_untrusted
 from listener.transcript import TranscriptError, parse_transcript
 
@@ -171,20 +172,17 @@ class TranscriptPipeline:
         cut short, or one that failed and whose event never came again — gets its jobs dispatched
         again (only those: a job with a run is never started twice). Returns each such call's
         conversation id with the job ids it has now; failures are logged, as the ack would say."""
-        rows = await self.archive.db.fetchall(
-            "SELECT DISTINCT transcript_id FROM listener_jobs WHERE job_id IS NULL AND state IN ('claimed', 'error') "
-            "ORDER BY transcript_id")
         resumed: dict[str, list[str]] = {}
-        for row in rows:
-            transcript, user_label = await self.archive.load(row["transcript_id"])
+        for tid in await self.ledger.calls_without_runs():
+            transcript, user_label = await self.archive.load(tid)
             stages: dict[str, str] = {}
             errors: list[dict[str, str]] = []
             async with self._conversation(transcript.conversation_id):
-                await self._dispatch_all(transcript, row["transcript_id"], user_label, stages, errors)
+                await self._dispatch_all(transcript, tid, user_label, stages, errors)
             for error in errors:
                 log.warning("call %s: %s still not started: %s", quote_untrusted(transcript.conversation_id), error["stage"],
                             error["message"])
-            resumed[transcript.conversation_id] = await self.job_ids(row["transcript_id"])
+            resumed[transcript.conversation_id] = await self.job_ids(tid)
         return resumed
 
     @contextlib.asynccontextmanager
@@ -222,8 +220,7 @@ class TranscriptPipeline:
     async def _remember(self, transcript: Transcript, tid: int, user_label: str | None, stages: dict[str, str],
                         errors: list[dict[str, str]]) -> None:
         if self._extractor is None:  # nothing to learn with: nothing to claim
-            row = await self.archive.db.fetchone("SELECT memory_status FROM transcripts WHERE id = ?", (tid,))
-            stages["memory"] = "already done" if row is not None and row["memory_status"] == "done" else \
+            stages["memory"] = "already done" if await self.memory.status(tid) == "done" else \
                 "skipped (no text model configured)"
             return
         await self._once(tid, "memory", "memory", "already done", "learning from this call", stages, errors,
@@ -345,9 +342,7 @@ class TranscriptPipeline:
 
     async def _review_status(self, tid: int, status: str) -> None:
         # never over a review that has already landed (a quick run can be delivered before this line)
-        async with self.archive.db.transaction() as conn:
-            await conn.execute("UPDATE transcripts SET review_status = ? WHERE id = ? AND review_status NOT IN "
-                               "('done', 'failed')", (status, tid))
+        await self.archive.queue_review(tid, status)
 
     # -- the call card -----------------------------------------------------------------------------
 
@@ -360,20 +355,17 @@ class TranscriptPipeline:
 
     async def _post_card(self, transcript: Transcript, tid: int, stages: dict[str, str],
                          errors: list[dict[str, str]]) -> None:
-        row = await self.archive.db.fetchone("SELECT received_at FROM transcripts WHERE id = ?", (tid,))
+        received_at = await self.archive.received_at(tid)
         # Every job slot, started or not: one that could not start yet is named as such (the next
         # delivery retries it, and its result still goes under this card).
-        jobs = await self.archive.db.fetchall(
-            "SELECT COALESCE(job_id, 'not started') AS job_id, kind, label FROM listener_jobs WHERE transcript_id = ? "
-            "AND state != 'skipped' ORDER BY rowid", (tid,))
-        facts = await self.archive.db.fetchall("SELECT fact FROM listener_facts WHERE transcript_id = ? ORDER BY id",
-                                               (tid,))
+        jobs = await self.ledger.card_jobs(tid)
+        facts = await self.memory.facts_of(tid)
         ends = [t.end_s for t in transcript.turns if t.end_s is not None]
         starts = [t.start_s for t in transcript.turns if t.start_s is not None]
         card = CallCard(tid, transcript.conversation_id, transcript.direction, transcript.from_number,
-                        transcript.to_number, float(row["received_at"]) if row else self._clock(),
+                        transcript.to_number, received_at if received_at is not None else self._clock(),
                         (max(ends) - min(starts)) if ends and starts else None, len(transcript.turns),
-                        tuple(f["fact"] for f in facts), tuple((j["job_id"], j["kind"], j["label"]) for j in jobs))
+                        tuple(facts), tuple(jobs))
         try:
             reference = await self._notifier.post_card(card)
         except Exception as exc:  # the next delivery of the event posts it again

@@ -1,6 +1,6 @@
 """The Smartnumbers stream client: one outbound WebSocket that receives transcript events and acks them.
 
-Rules (`smartnumbers.md`, "Connection", "Events", "Acknowledgement"):
+Rules (docs/listener.md, "Acknowledgements"; the stream protocol as Smartnumbers documents it):
 
 - `check_stream_url` (pure, no I/O) runs at construction and again before every connect: `wss://`
   only, host in the allow-list (exact, case-insensitive), no userinfo, no fragment. The

@@ -295,3 +295,11 @@ async def _insert_starting(db, lane: str, task: str, requester_id: int | None, o
     await db.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'created', ?)",
                      (run_id, now, f"on {lane}"))
     return run_id
+
+
+def last_post_event(conn: sqlite3.Connection) -> tuple[int, str, str] | None:
+    """(run id, "posted" or "post_failed", detail) of the newest post of a run, or None; a plain read
+    through a synchronous connection (`switchboard doctor` opens one read-only)."""
+    row = conn.execute("SELECT run_id, kind, detail FROM run_events WHERE kind IN ('posted', 'post_failed') "
+                       "ORDER BY id DESC LIMIT 1").fetchone()
+    return None if row is None else (row[0], row[1], row[2])

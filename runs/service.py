@@ -41,6 +41,17 @@ from runs.core import (
 from runs.lanes import CommandLane, HermesApiLane, Lane, LaneError, LaneProbe
 from runs.procs import owner_alive, owner_token
 from runs.repository import MIGRATIONS, RunRepository
+from runs.results import (
+    Answered,
+    Delegated,
+    NoteQueued,
+    Refused,
+    RunningAgents,
+    RunsOverview,
+    RunStatus,
+    StopOutcome,
+    Stopped,
+)
 from runs.sinks import Announcer, NotificationSink, NullSink
 
 log = logging.getLogger(__name__)
@@ -82,9 +93,9 @@ def _scrub(obs: Observation, secrets: Sequence[str] = ()) -> Observation:
     return _scrub_with(obs, Scrubber(secrets))
 
 
-def _already(ticket: RunTicket) -> dict[str, Any]:
-    return {"run": ticket.id, "lane": ticket.lane, "state": ticket.state.value,
-            "summary": f"run {ticket.id} was already started on {ticket.lane}"}
+def _already(ticket: RunTicket) -> Delegated:
+    return Delegated(ticket.id, ticket.lane, ticket.state, f"run {ticket.id} was already started on {ticket.lane}",
+                     already=True)
 
 
 def _state_event(before: RunTicket, after: RunTicket) -> tuple[str, str] | None:
@@ -191,9 +202,9 @@ class RunService:
     # -- delegate ----------------------------------------------------------------------------------
 
     async def delegate(self, task: str, requester_id: int | None = None, *, context: str = "",
-                       scrub: Sequence[str] = (), idempotency_key: str | None = None) -> dict[str, Any]:
+                       scrub: Sequence[str] = (), idempotency_key: str | None = None) -> Delegated | Refused:
         """Record a ticket on the first available lane and return at once; the lane is asked in the
-        background. Every lane skipped is named in the answer; none available → a refusal.
+        background. Every lane skipped is named in the answer; none available (or no task) → `Refused`.
 
         `context` goes to the agent after the task when the run starts and is never stored or shown
         (a call's transcript, a short-lived token). Each string in `scrub` is scrubbed from everything the
@@ -203,7 +214,7 @@ class RunService:
         process), this answers with the run first recorded under it and starts nothing."""
         task = (task or "").strip()
         if not task:
-            return {"error": "say what the background agent should do"}
+            return Refused("say what the background agent should do")
         if idempotency_key and (known := await self.repo.by_idempotency_key(idempotency_key)) is not None:
             return _already(known)
         probes: list[LaneProbe] = []
@@ -219,7 +230,7 @@ class RunService:
                 break
         if chosen is None:
             missing = "; ".join(f"{p.lane}: {p.detail}" for p in probes) or "no lanes are configured"
-            return {"error": f"no agent lane is available, so nothing was started. {missing}"}
+            return Refused(f"no agent lane is available, so nothing was started. {missing}")
         own = tuple(s for s in scrub if s)
         scrubber = self._scrubber.with_secrets(own) if own else self._scrubber
         ticket, created = await self.repo.create_once(
@@ -235,11 +246,8 @@ class RunService:
         if skipped:
             summary = f"{', and '.join(p.reason for p in skipped)}, so run {ticket.id} is starting on the " \
                       f"{chosen.name} lane"
-        answer: dict[str, Any] = {"run": ticket.id, "lane": chosen.name, "state": ticket.state.value,
-                                  "summary": summary + "; I'll say when it lands."}
-        if skipped:
-            answer["skipped"] = [p.detail for p in skipped]
-        return answer
+        return Delegated(ticket.id, chosen.name, ticket.state, summary + "; I'll say when it lands.",
+                         skipped=tuple(p.detail for p in skipped))
 
     async def _run(self, ticket: RunTicket, context: str = "") -> None:
         lane = self.lanes[ticket.lane]
@@ -409,86 +417,87 @@ class RunService:
         await self._announce_all(f"Run {run_id}'s question got no answer within "
                                  f"{wording.elapsed_words(self.config.approval_timeout_s)}, so I denied it.")
 
-    async def resolve_approval(self, run_id: Any, choice: str, requester_id: int | None = None) -> dict[str, Any]:
+    async def resolve_approval(self, run_id: Any, choice: str,
+                               requester_id: int | None = None) -> Answered | Refused:
+        """Answer the run's pending question with once, session or deny; raises UnknownRun."""
         choice = str(choice or "").strip().lower()
         if choice not in VOICE_APPROVAL_CHOICES:
-            return {"error": f"answer once, session or deny ({choice!r} is not accepted by voice; "
-                             f"'always' never is)"}
+            return Refused(f"answer once, session or deny ({choice!r} is not accepted by voice; 'always' never is)")
         ticket = await self._get(run_id)
         if ticket.state is not RunState.WAITING_FOR_APPROVAL or ticket.approval is None:
-            return {"error": f"run {ticket.id} is not waiting for an answer (it is {wording.STATE_WORDS[ticket.state]})"}
+            return Refused(f"run {ticket.id} is not waiting for an answer (it is {wording.STATE_WORDS[ticket.state]})")
         allowed = wording.voice_choices(ticket.approval.choices)
         if choice not in allowed:
-            return {"error": f"run {ticket.id}'s question allows only {', '.join(allowed)}"}
+            return Refused(f"run {ticket.id}'s question allows only {', '.join(allowed)}")
         try:
             await self.lanes[ticket.lane].answer(ticket, ticket.approval.request_id, choice)
         except LaneError as exc:
-            return {"error": self._scrub_for(ticket.id)(f"could not answer run {ticket.id}: {exc}")}
+            return Refused(self._scrub_for(ticket.id)(f"could not answer run {ticket.id}: {exc}"))
         await self.repo.log(ticket.id, "approval", f"answered {choice} by {requester_id or 'unknown'}", self._clock())
         await self._observe(ticket.id, ApprovalAnswered(choice))
-        return {"run": ticket.id, "choice": choice,
-                "summary": f"told run {ticket.id}: {wording.CHOICE_WORDS[choice]}"}
+        return Answered(ticket.id, choice, f"told run {ticket.id}: {wording.CHOICE_WORDS[choice]}")
 
     # -- steer and stop ----------------------------------------------------------------------------
 
-    async def steer(self, run_id: Any, note: str, requester_id: int | None = None) -> dict[str, Any]:
+    async def steer(self, run_id: Any, note: str, requester_id: int | None = None) -> NoteQueued | Refused:
+        """Queue a note for a running agent; the receipt stays queued until the lane shows it read.
+        Raises UnknownRun."""
         note = (note or "").strip()
         if not note:
-            return {"error": "say what the note to the agent should be"}
+            return Refused("say what the note to the agent should be")
         ticket = await self._get(run_id)
         note = self._scrub_for(ticket.id)(note)  # stored with the run and read back to the call
         if ticket.terminal:
-            return {"error": f"run {ticket.id} already {wording.STATE_WORDS[ticket.state]}; a note cannot reach it"}
+            return Refused(f"run {ticket.id} already {wording.STATE_WORDS[ticket.state]}; a note cannot reach it")
         lane = self.lanes.get(ticket.lane)
         if lane is None:
-            return {"error": f"run {ticket.id}'s lane {ticket.lane} is not configured here"}
+            return Refused(f"run {ticket.id}'s lane {ticket.lane} is not configured here")
         if isinstance(lane, CommandLane):
-            return {"error": f"run {ticket.id} is a one-shot command, which has no way to pass a note to a "
-                             f"running agent; I can stop it instead (stop_work)", "can_stop": True}
+            return Refused(f"run {ticket.id} is a one-shot command, which has no way to pass a note to a "
+                           f"running agent; I can stop it instead (stop_work)", can_stop=True)
         if not ticket.external_id:
-            return {"error": f"{lane.name} has not accepted run {ticket.id} yet; try the note again in a moment"}
+            return Refused(f"{lane.name} has not accepted run {ticket.id} yet; try the note again in a moment")
         token = f"sb-{secrets.token_hex(4)}"
         probe = SteerReceipt(0, ticket.id, token, note, SteerState.QUEUED, 0.0, 0.0)
         try:
             await lane.steer(ticket, probe.wire_text)
         except LaneError as exc:
-            return {"error": self._scrub_for(ticket.id)(f"run {ticket.id} did not take the note: {exc}"),
-                    "can_stop": True}
+            return Refused(self._scrub_for(ticket.id)(f"run {ticket.id} did not take the note: {exc}"),
+                           can_stop=True)
         receipt = await self.repo.add_receipt(ticket.id, token, note, self._clock())
         await self._notify()
         log.info("run %s: note %s queued by %s", ticket.id, token, requester_id or "unknown")
         await self._check_notes(ticket)
-        return {"run": ticket.id, "note": wording.receipt_view(receipt)["note"], "state": SteerState.QUEUED.value,
-                "summary": f"note queued for run {ticket.id}: accepted, not yet shown to be read; "
-                           f"check_work will say whether it landed"}
+        return NoteQueued(receipt, f"note queued for run {ticket.id}: accepted, not yet shown to be read; "
+                                   f"check_work will say whether it landed")
 
-    async def stop(self, run_id: Any, reason: str | None = None, requester_id: int | None = None) -> dict[str, Any]:
+    async def stop(self, run_id: Any, reason: str | None = None,
+                   requester_id: int | None = None) -> Stopped | Refused:
+        """Record the stop, then tell the lane (or leave it to when the lane accepts the run); a run
+        already finished is answered as such. Raises UnknownRun."""
         ticket = await self._get(run_id)
         if ticket.terminal:
-            return {"run": ticket.id, "state": ticket.state.value,
-                    "summary": f"run {ticket.id} already {wording.STATE_WORDS[ticket.state]}"}
+            return Stopped(ticket.id, StopOutcome.ALREADY_ENDED, ticket.state,
+                           f"run {ticket.id} already {wording.STATE_WORDS[ticket.state]}")
         reason = (reason or "").strip() or "asked to stop"
         await self._observe(ticket.id, StopRequested(reason[:200], "user", requester_id))  # recorded first
         lane = self.lanes.get(ticket.lane)
         if lane is None:
-            return {"error": f"run {ticket.id}'s lane {ticket.lane} is not configured here"}
+            return Refused(f"run {ticket.id}'s lane {ticket.lane} is not configured here")
         if not ticket.external_id:
-            return {"run": ticket.id, "state": ticket.state.value,
-                    "summary": f"run {ticket.id} will be stopped as soon as {lane.name} accepts it"}
+            return Stopped(ticket.id, StopOutcome.ON_ACCEPT, ticket.state,
+                           f"run {ticket.id} will be stopped as soon as {lane.name} accepts it")
         try:
             said = await lane.stop(ticket)
         except LaneError as exc:
-            return {"error": self._scrub_for(ticket.id)(f"could not stop run {ticket.id}: {exc}")}
+            return Refused(self._scrub_for(ticket.id)(f"could not stop run {ticket.id}: {exc}"))
         now = self._clock()
         superseded = await self.repo.update_receipts(ticket.id, lambda r: receipt_on_stop(r, now))
         await self._notify()
         if not self._watch and not owner_alive(ticket.owner, me=self.owner):
             await self._settle_unwatched(ticket, lane)
-        answer = {"run": ticket.id, "state": "stopping",
-                  "summary": f"stopping run {ticket.id} ({lane.name} says {said})"}
-        if superseded:
-            answer["notes"] = f"{len(superseded)} queued note(s) superseded: the run was stopped before reading them"
-        return answer
+        return Stopped(ticket.id, StopOutcome.STOPPING, ticket.state,
+                       f"stopping run {ticket.id} ({lane.name} says {said})", superseded=len(superseded))
 
     async def _settle_unwatched(self, ticket: RunTicket, lane: Lane) -> None:
         """CLI stop of a run nobody watches: record what the lane now says, since no watcher will."""
@@ -525,28 +534,21 @@ class RunService:
         lane = self.lanes.get(ticket.lane)
         return bool(lane is not None and ticket.external_id and lane.can_steer())
 
-    async def check(self, run_id: Any = None) -> dict[str, Any]:
-        """One run in detail (finished output bounded), or what is going and what landed recently."""
+    async def check(self, run_id: Any = None) -> RunStatus | RunsOverview:
+        """One run in detail with its notes (finished output bounded), or — without a number — what is
+        going and what landed recently. Raises UnknownRun."""
         now = self._clock()
         if run_id not in (None, ""):
             ticket = await self._get(run_id)
             receipts = await self.repo.receipts(ticket.id)
-            view = wording.run_view(ticket, now, receipts, output_chars=CHECK_OUTPUT_CHARS,
-                                   can_steer=self._can_steer(ticket))
-            view["summary"] = wording.run_sentence(ticket, now)
-            return view
+            return RunStatus(ticket, now, self._can_steer(ticket), tuple(receipts), output_chars=CHECK_OUTPUT_CHARS)
         recent = await self.repo.recent(50)
         active = [t for t in recent if t.active]
         finished = [t for t in recent if t.terminal][:RECENT_FINISHED]
-        runs = [wording.run_view(t, now, can_steer=self._can_steer(t)) for t in active + finished]
-        if not runs:
-            return {"runs": [], "summary": "no background runs yet"}
-        parts = [wording.run_sentence(t, now) for t in active] or ["nothing is running"]
-        if finished:
-            parts.append("recently: " + "; ".join(wording.run_sentence(t, now) for t in finished))
-        return {"runs": runs, "summary": "; ".join(parts)}
+        return RunsOverview(tuple(RunStatus(t, now, self._can_steer(t)) for t in active),
+                            tuple(RunStatus(t, now, self._can_steer(t)) for t in finished))
 
-    async def list_agents(self) -> dict[str, Any]:
+    async def list_agents(self) -> RunningAgents:
         """What is running, and for each whether it can be steered or only stopped."""
         now = self._clock()
         active = await self.repo.active()
@@ -554,13 +556,7 @@ class RunService:
             lane = self.lanes.get(HermesApiLane.name)
             if lane is not None and not lane.can_steer():
                 await lane.probe()  # learn the features after a restart
-        agents = [{"run": t.id, "lane": t.lane, "state": t.state.value, "task": wording.bounded(t.task, 100),
-                   "elapsed": wording.elapsed_words(t.elapsed(now)),
-                   "control": "steer or stop" if self._can_steer(t) else "stop only"} for t in active]
-        if not agents:
-            return {"agents": [], "summary": "no background agents are running"}
-        summary = "; ".join(f"run {a['run']} on {a['lane']} ({a['control']})" for a in agents)
-        return {"agents": agents, "summary": summary}
+        return RunningAgents(tuple(RunStatus(t, now, self._can_steer(t)) for t in active))
 
     async def tickets(self, limit: int = 50) -> list[RunTicket]:
         return await self.repo.recent(limit)

@@ -81,6 +81,11 @@ def approval_question(ticket: RunTicket, timeout_s: float) -> str:
             f"You can {spoken}. No answer within {elapsed_words(timeout_s)} means deny.")
 
 
+def control_words(can_steer: bool) -> str:
+    """How an active run can be controlled, as the tools and their summaries say it."""
+    return "steer or stop" if can_steer else "stop only"
+
+
 def receipt_view(receipt: SteerReceipt) -> dict[str, Any]:
     return {"note": bounded(receipt.note, 120), "state": receipt.state.value,
             "meaning": RECEIPT_WORDS[receipt.state]}
@@ -97,7 +102,7 @@ def run_view(ticket: RunTicket, now: float, receipts: list[SteerReceipt] = (), *
         "elapsed": elapsed_words(ticket.elapsed(now)),
     }
     if ticket.active:
-        view["control"] = "steer or stop" if can_steer else "stop only"
+        view["control"] = control_words(can_steer)
     if ticket.progress and ticket.active:
         view["last_progress"] = ticket.progress
     if ticket.approval is not None:

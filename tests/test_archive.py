@@ -147,7 +147,7 @@ async def test_the_full_text_index_matches_the_turns_after_archiving_editing_and
 
 
 async def test_transcript_search_is_a_read_only_voice_tool_anyone_may_use(archive):
-    from bot.phone.tools import transcript_tools
+    from bot.tools.phone import transcript_tools
     from voice.call.tools import ToolCatalogue
 
     catalogue = ToolCatalogue(None, transcript_tools(archive))  # the default gate denies every mutating tool

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.discord_room import WAIT_S, in_voice, join_and_settle, room, say
+from tests.support.discord_room import ONE_ROOM_AT_A_TIME, WAIT_S, in_voice, join_and_settle, room, say
 from tests.support.fake_realtime import AudioReply, ToolCallReply
+
+pytestmark = ONE_ROOM_AT_A_TIME
 
 
 def script(ctx):

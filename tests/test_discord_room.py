@@ -12,6 +12,7 @@ import json
 import pytest
 
 from tests.support.discord_room import (
+    ONE_ROOM_AT_A_TIME,
     WAIT_S,
     Room,
     commits,
@@ -27,6 +28,8 @@ from tests.support.fake_discord import EPHEMERAL
 from tests.support.fake_realtime import AudioReply
 from tests.support.fake_realtime_replies import speaker_named
 from tests.support.speech import noise_burst_frames
+
+pytestmark = ONE_ROOM_AT_A_TIME
 
 GAP_S = 0.25
 TEN = ["ann", "ben", "cal", "dan", "eve", "fay", "gil", "hal", "ivy", "jon"]

@@ -1,53 +1,164 @@
-"""The dependency direction, checked on the source: bot -> voice, bot -> listener; inside voice,
-media (Discord RTP in and out) may use the call engine's interfaces, never the other way round."""
+"""The layering rules, checked on the source (docs/ARCHITECTURE-level rules, see README "Layout"):
+
+- the domains (`voice`, `runs`, `listener`) and the leaf helpers (`common`) never import `bot`;
+- only `bot` imports more than one domain: a domain imports itself and `common`, nothing else of ours;
+- `common` imports none of the domains;
+- inside `voice`, the call engine (`voice/call`) never imports Discord media;
+- no import cycles between modules, imports made only for type checking included;
+- no module imports another module's private names (`from x import _y`).
+"""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+OURS = ("bot", "voice", "runs", "listener", "common")
+DOMAINS = ("voice", "runs", "listener")
 
-
+# CPython 3.11.7's AST builder can fail with "recursion depth mismatch" in a process whose earlier work
+# upset its counter: every file is parsed in one fresh interpreter instead.
 _SCAN = """
 import ast, json, sys
-tree = ast.parse(open(sys.argv[1]).read(), filename=sys.argv[1])
-found = set()
-for node in ast.walk(tree):
-    if isinstance(node, ast.Import):
-        found.update(alias.name for alias in node.names)
-    elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-        found.add(node.module)
-print(json.dumps(sorted(found)))
+out = {}
+for path in sys.argv[1:]:
+    tree = ast.parse(open(path).read(), filename=path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [[alias.name, None] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found += [[node.module, alias.name] for alias in node.names]
+    out[path] = found
+print(json.dumps(out))
 """
 
 
-def imported_modules(path: Path) -> set[str]:
-    """The absolute imports of one file. Parsed in a fresh interpreter: CPython 3.11.7's AST builder
-    can fail with "recursion depth mismatch" in a process whose earlier work upset its counter."""
-    out = subprocess.run([sys.executable, "-c", _SCAN, str(path)], check=True, capture_output=True, text=True)
-    return set(json.loads(out.stdout))
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def offenders(folder: str, banned: tuple[str, ...]) -> list[str]:
-    bad = []
-    for path in sorted((ROOT / folder).rglob("*.py")):
-        for module in imported_modules(path):
-            if any(module == b or module.startswith(b + ".") for b in banned):
-                bad.append(f"{path.relative_to(ROOT)} imports {module}")
-    return bad
+def scan(paths: Iterable[Path]) -> dict[str, list[tuple[str, str | None]]]:
+    """For each module, every absolute import: (module, name) for `from module import name`, (module, None)
+    for `import module`."""
+    paths = sorted(paths)
+    out = subprocess.run([sys.executable, "-c", _SCAN, *map(str, paths)], check=True, capture_output=True, text=True)
+    found = json.loads(out.stdout)
+    return {module_name(Path(p)): [(m, n) for m, n in imports] for p, imports in found.items()}
 
 
-def test_voice_and_listener_never_import_bot_and_never_each_other():
-    assert offenders("voice", ("bot", "listener")) == []
-    assert offenders("listener", ("bot", "voice")) == []
+def source_files() -> list[Path]:
+    return [p for package in OURS for p in (ROOT / package).rglob("*.py")]
+
+
+IMPORTS = scan(source_files())
+
+
+def top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def importing(package: str, banned: tuple[str, ...], imports=None) -> list[str]:
+    imports = IMPORTS if imports is None else imports
+    return [f"{m} imports {target}" for m, found in sorted(imports.items()) if top(m) == package or m.startswith(package + ".")
+            for target, _ in found if any(target == b or target.startswith(b + ".") for b in banned)]
+
+
+def test_domains_and_common_never_import_bot():
+    for package in (*DOMAINS, "common"):
+        assert importing(package, ("bot",)) == [], package
+
+
+def test_only_bot_imports_more_than_one_domain():
+    for domain in DOMAINS:
+        others = tuple(d for d in DOMAINS if d != domain)
+        assert importing(domain, others) == [], domain
+    assert importing("common", DOMAINS) == []
 
 
 def test_the_call_engine_never_imports_discord_media():
-    assert offenders("voice/call", ("voice.media", "discord", "davey", "nacl")) == []
+    assert importing("voice.call", ("voice.media", "discord", "davey", "nacl")) == []
 
 
-def test_the_checker_sees_imports():  # the check above can fail: it finds what is there
-    assert "voice.call.transports.base" in imported_modules(ROOT / "voice/media/channel.py")
+def resolve(target: str, name: str | None) -> str | None:
+    """The module of ours an import reaches: `from a.b import c` is module a.b.c when that is a module."""
+    if top(target) not in OURS:
+        return None
+    if name is not None and f"{target}.{name}" in IMPORTS:
+        return f"{target}.{name}"
+    return target if target in IMPORTS else None
+
+
+def graph(imports) -> dict[str, set[str]]:
+    return {m: {r for t, n in found if (r := resolve(t, n)) is not None and r != m} for m, found in imports.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), as sorted lists."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def package_of(module: str) -> str:
+    return module if (ROOT / module.replace(".", "/") / "__init__.py").exists() else module.rsplit(".", 1)[0]
+
+
+def test_no_import_cycles_type_only_imports_included():
+    edges = graph(IMPORTS)
+    # a package's __init__ re-exporting its own modules is not a cycle of design
+    for m in edges:
+        edges[m] = {t for t in edges[m] if not (m == package_of(t) and (ROOT / m.replace(".", "/") / "__init__.py").exists())}
+    assert cycles(edges) == []
+
+
+def test_no_module_imports_another_modules_private_names():
+    private = [f"{m} imports {t}.{n}" for m, found in sorted(IMPORTS.items()) for t, n in found
+               if n is not None and n.startswith("_") and not n.startswith("__") and top(t) in OURS]
+    assert private == []
+
+
+# -- the checks above can fail: each finds what it looks for -------------------------------------------
+
+
+def test_the_checks_see_what_they_look_for():
+    assert ("voice.call.transports.base", "FRAME_BYTES") in IMPORTS["voice.media.channel"]
+    fake = {"runs.x": [("bot.services", "Services"), ("listener.archive", "_private")],
+            "listener.archive": [("runs.x", None)], "bot.services": [("runs.x", "thing")]}
+    assert importing("runs", ("bot",), fake) == ["runs.x imports bot.services"]
+    assert importing("runs", ("listener",), fake) == ["runs.x imports listener.archive"]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []

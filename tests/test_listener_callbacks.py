@@ -147,7 +147,7 @@ def test_the_listener_key_is_read_afresh_from_the_env_file_and_the_environment_w
     {"action": "remove", "id": None},
 ])
 async def test_model_arguments_that_are_not_text_are_refused_not_crashed(store, args):
-    from bot.phone.tools import review_config
+    from bot.tools.phone import review_config
 
     with pytest.raises(CallbackError):
         await review_config(Callbacks(store), args)

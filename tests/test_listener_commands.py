@@ -8,8 +8,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from listener.commands import CallCommand, addresses_agent, command_dedupe_key, find_commands, is_command_span
 from listener.model import Transcript, Turn
+from listener.named_commands import (
+    CallCommand,
+    addresses_agent,
+    command_dedupe_key,
+    find_commands,
+    is_command_span,
+)
 from listener.transcript import parse_transcript
 
 AGENT = "Ares Agent"

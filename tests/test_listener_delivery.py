@@ -12,8 +12,8 @@ import pytest
 
 from bot.discord.gate import OperatorGate
 from bot.phone.delivery import ListenerDelivery, TerminalPoster, card_reference
-from bot.phone.tools import transcript_tools
 from bot.services import STORE_MIGRATIONS
+from bot.tools.phone import transcript_tools
 from common.store import open_store
 from listener.archive import Archive
 from listener.callbacks import Callbacks, MutationTokens

@@ -14,7 +14,7 @@ import pytest
 
 from bot.services import STORE_MIGRATIONS
 from common.store import open_store
-from listener.archive import ExecutionLedger, process_alive, process_owner
+from listener.ledger import ExecutionLedger, process_alive, process_owner
 from runs.repository import RunRepository
 
 HELPER = str(Path(__file__).resolve().parent / "support" / "ledger_claim.py")

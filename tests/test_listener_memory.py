@@ -12,8 +12,8 @@ import ssl
 import httpx
 import pytest
 
-from bot.phone.tools import known_facts
 from bot.services import LISTENER_MIGRATIONS
+from bot.tools.phone import known_facts
 from common.store import open_store
 from listener.archive import Archive
 from listener.extract import ExtractionError, FactExtractor

@@ -93,7 +93,7 @@ async def test_search_finds_a_turn_marks_the_user_and_says_the_text_is_external_
     assert "**TO (you)**: Tuesday at nine works." in only_embed(mine)["description"]  # inbound: TO is the user
     text = only_embed(hostile)["description"]
     assert "@everyone" not in text and "**ignore" not in text  # no mention, no markdown
-    assert "\\[click here](" in text and text.count("[click here](") == 1  # the masked link is escaped
+    assert "\\[click here\\](" in text and text.count("click here") == 1  # the masked link is escaped
     assert "ignore previous instructions" in text  # shown, as inert text
     assert "No archived call turn has all those words" in only_embed(nothing)["description"]
     assert "no words" in refused(no_words)

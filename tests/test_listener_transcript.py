@@ -199,8 +199,8 @@ def test_a_json_turn_timestamped_as_a_range_keeps_the_call():
 
 
 def test_participant_ids_reach_the_user_through_their_labels_and_the_direction_mapping():
-    from listener.commands import find_commands
     from listener.model import user_label_for
+    from listener.named_commands import find_commands
 
     payload = {"conversation_id": "call_8", "participants": {"spk_0": "TO", "spk_1": "FROM"}, "turns": [
         {"speaker": "spk_0", "text": "Ares, put the dentist in my calendar for Tuesday."},

@@ -15,8 +15,9 @@ import sys
 import pytest
 
 from bot.discord.gate import OperatorGate
+from bot.tools.runs import run_tools
 from common.store import open_store
-from runs import RunsConfig, RunService, run_tools
+from runs import RunsConfig, RunService
 from runs.repository import MIGRATIONS
 from tests.support.fake_realtime import AudioReply, FakeRealtime, ToolCallReply
 from tests.support.speech import speech_frames
@@ -102,10 +103,14 @@ async def talk_in_the_room(tmp_path, speakers: list[tuple[int, str]], operators:
         finally:
             engine.stop()
             transport.close()
-            await asyncio.wait_for(call, 10)
-            tickets = await runs.tickets()
-            await runs.close()
-            await store.close()
+            try:
+                await asyncio.wait_for(call, 10)
+                # every agent process started has exited and been read to the end before the service closes
+                tickets = [await asyncio.wait_for(runs.wait_until(t.id, lambda t: t.terminal), SAFETY_S)
+                           for t in await runs.tickets()]
+            finally:
+                await runs.close()
+                await store.close()
         fake.assert_clean()
         return outputs_of(fake), tickets, fake
 

@@ -26,14 +26,14 @@ def test_underrun_is_opus_silence_that_costs_no_encoding_and_never_ends_playback
     src = PlaybackSource()
     frames = drain(src, 3)
     assert frames == [OPUS_SILENCE] * 3 and src.underruns == 3 and src.is_opus()
-    src.feed(tone24k(440.0, 100), "item")
+    src.play(tone24k(440.0, 100), "item")
     src.finish_item("item")
     assert len(src.read()) == 3840 and not src.is_opus()  # audio is PCM for discord.py to encode
 
 
 def test_model_audio_is_upsampled_to_48k_stereo_frames_at_the_right_pitch():
     src = PlaybackSource()
-    src.feed(tone24k(440.0, 1000), "item_a")
+    src.play(tone24k(440.0, 1000), "item_a")
     src.finish_item("item_a")
     frames = drain(src, 52)
     assert all(len(f) == 3840 or f == OPUS_SILENCE for f in frames)
@@ -48,7 +48,7 @@ def test_model_audio_is_upsampled_to_48k_stereo_frames_at_the_right_pitch():
 
 def test_played_ms_counts_only_frames_actually_read():
     src = PlaybackSource()
-    src.feed(tone24k(300.0, 2000), "item_b")
+    src.play(tone24k(300.0, 2000), "item_b")
     drain(src, 10)
     assert src.played_ms("item_b") == 200
     assert src.buffered_ms() > 1500
@@ -56,20 +56,20 @@ def test_played_ms_counts_only_frames_actually_read():
 
 def test_clear_stops_playback_on_the_next_frame_and_keeps_the_played_count():
     src = PlaybackSource()
-    src.feed(tone24k(300.0, 2000), "item_c")
+    src.play(tone24k(300.0, 2000), "item_c")
     drain(src, 5)
     src.clear()
     assert src.read() == OPUS_SILENCE and not src.is_playing()
     assert src.played_ms("item_c") == 100
-    src.feed(tone24k(300.0, 100), "item_d")  # a new item after barge-in plays from its start
+    src.play(tone24k(300.0, 100), "item_d")  # a new item after barge-in plays from its start
     src.finish_item("item_d")
     assert any(drain(src, 6)) and src.played_ms("item_d") == 100
 
 
 def test_items_are_counted_separately_and_a_new_item_flushes_the_previous_tail():
     src = PlaybackSource()
-    src.feed(tone24k(300.0, 300), "one")
-    src.feed(tone24k(500.0, 300), "two")
+    src.play(tone24k(300.0, 300), "one")
+    src.play(tone24k(500.0, 300), "two")
     src.finish_item("two")
     drain(src, 40)
     assert src.played_ms("one") == 300 and src.played_ms("two") == 300
@@ -77,7 +77,7 @@ def test_items_are_counted_separately_and_a_new_item_flushes_the_previous_tail()
 
 def test_mid_stream_partial_frame_waits_for_more_audio():
     src = PlaybackSource()
-    src.feed(tone24k(300.0, 205), "x")  # 205 ms: not a whole number of 20 ms frames
+    src.play(tone24k(300.0, 205), "x")  # 205 ms: not a whole number of 20 ms frames
     drain(src, 15)
     assert 0 < src.played_ms("x") < 205  # the partial tail was not padded out mid-item
     src.finish_item("x")
@@ -98,7 +98,7 @@ def test_concurrent_feed_and_read_lose_nothing():
     thread.start()
     chunk = tone24k(440.0, 100)
     for _ in range(20):
-        src.feed(chunk, "long")
+        src.play(chunk, "long")
     src.finish_item("long")
     stop.set()
     thread.join(10)
@@ -117,7 +117,7 @@ def test_the_discord_source_tells_its_listener_when_an_item_starts_and_when_it_g
             heard.append(("idle", None))
 
     source.set_listener(Listener())
-    source.feed(bytes(24_000 * 2 // 10), "item_1")  # 100 ms of model audio
+    source.play(bytes(24_000 * 2 // 10), "item_1")  # 100 ms of model audio
     source.finish_item("item_1")
     while source.is_playing():
         source.read()

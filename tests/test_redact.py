@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from voice.call.redact import CredentialRedactor, redact
+from common.redact import CredentialRedactor, redact
 
 KEY = "sk-proj-Abc123def456ghi789"
 XKEY = "xai-Zyx987wvu654tsr321"

@@ -12,8 +12,9 @@ import sqlite3
 import sys
 import wave
 
+from bot.tools.runs import run_tools
 from common.store import DB_FILENAME, open_store
-from runs import Delivery, RunsConfig, RunService, RunState, TerminalSink, run_tools
+from runs import Delivery, RunsConfig, RunService, RunState, TerminalSink
 from runs.repository import MIGRATIONS
 from tests.support.fake_hermes import FakeHermes
 from tests.support.fake_realtime import AudioReply, FakeRealtime, ToolCallReply, silence_pcm16, tone_pcm16

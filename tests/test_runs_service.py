@@ -13,7 +13,17 @@ from collections.abc import AsyncIterator
 import pytest
 
 from common.store import DB_FILENAME, open_store
-from runs import MIGRATIONS, Delivery, RunsConfig, RunService, RunState, SteerState, UnknownRun
+from runs import (
+    MIGRATIONS,
+    Delivery,
+    Refused,
+    RunsConfig,
+    RunService,
+    RunState,
+    SteerState,
+    StopOutcome,
+    UnknownRun,
+)
 from runs.core import TERMINAL
 from tests.support.fake_hermes import FakeHermes
 from tests.test_runs_harness import (
@@ -73,15 +83,15 @@ async def test_delegate_answers_before_a_slow_lane_accepts_and_the_ticket_is_com
     async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
         gate = fake.hold_submissions()
         receipt = await h.service.delegate("audit the auth module", requester_id=111)
-        assert receipt["summary"].startswith("run 1 is starting on hermes-api")
-        assert receipt["state"] == "starting"
+        assert receipt.summary.startswith("run 1 is starting on hermes-api")
+        assert receipt.state is RunState.STARTING
         await asyncio.wait_for(fake.submission_held.wait(), SAFETY_S)
         # the lane is being asked right now: the ticket is already on disk, as another process sees it
         with sqlite3.connect(tmp_path / "home" / DB_FILENAME) as other:
             row = other.execute("SELECT state, lane, requester_id, idempotency_key FROM runs").fetchone()
         assert row[:3] == ("starting", "hermes-api", 111)
         assert fake.requests[-1]["idempotency_key"] == row[3]
-        assert (await h.service.check(1))["state"] == "starting"
+        assert (await h.service.check(1)).ticket.state is RunState.STARTING
         gate.set()
         run = await accepted(h, 1)
         assert run.state is RunState.RUNNING and run.external_id == fake.only_run().run_id
@@ -98,7 +108,7 @@ async def test_a_finished_run_is_announced_in_every_call_posted_and_delivered_on
         fake.progress(run.external_id, "web_search", "token refresh")
         await h.until(1, lambda t: t.progress is not None)
         check = await h.service.check(1)
-        assert check["last_progress"] == "using web_search: token refresh" and check["control"] == "steer or stop"
+        assert check.ticket.progress == "using web_search: token refresh" and check.can_steer
         fake.complete(run.external_id, "Three gaps, starting with the token refresh swallowing exceptions.")
         done = await h.delivered(1)
         assert done.state is RunState.COMPLETED and done.announced is True
@@ -123,16 +133,16 @@ async def test_a_run_whose_call_ended_is_still_posted_and_stays_visible_in_check
         done = await h.delivered(1)
         assert done.announced is False and [t.id for t in h.sink.posted] == [1]
         overview = await h.service.check()
-        assert overview["runs"][0]["heard"] == "not announced in a call yet"
+        assert overview.finished[0].view()["heard"] == "not announced in a call yet"
         detail = await h.service.check(1)
-        assert detail["output"] == "v2 adds retries" and detail["state"] == "completed"
+        assert detail.ticket.output == "v2 adds retries" and detail.ticket.state is RunState.COMPLETED
 
 
 async def test_every_fall_through_is_said_out_loud(tmp_path):
     async with harness(tmp_path) as h:  # nothing listens on the hermes-api address
         receipt = await h.service.delegate("tidy the README")
-        assert receipt["summary"].startswith("hermes-api is not running, so run 1 is starting on the command lane")
-        assert "API_SERVER_ENABLED=true" in receipt["skipped"][0]
+        assert receipt.summary.startswith("hermes-api is not running, so run 1 is starting on the command lane")
+        assert "API_SERVER_ENABLED=true" in receipt.skipped[0]
         done = await h.delivered(1)
         assert done.lane == "command" and done.output.strip() == "answer: tidy the README"
 
@@ -141,24 +151,24 @@ async def test_a_rejected_key_is_said_as_such_when_falling_through(tmp_path):
     async with FakeHermes(key="the-real-key") as fake, harness(tmp_path, fake=fake) as h:
         fake.expect_violation()
         receipt = await h.service.delegate("tidy the README")
-        assert receipt["summary"].startswith("hermes-api is running but rejected my key, so run 1")
+        assert receipt.summary.startswith("hermes-api is running but rejected my key, so run 1")
         fake.assert_clean()
 
 
 async def test_no_lane_available_is_a_refusal_naming_each_lane_and_how_to_enable_it(tmp_path):
     async with harness(tmp_path, command=("no-such-agent-binary-xyz", "-z", "{task}")) as h:
         refusal = await h.service.delegate("do things")
-        assert "error" in refusal and "nothing was started" in refusal["error"]
-        assert "hermes-api: hermes-api is not running" in refusal["error"]
-        assert "API_SERVER_ENABLED=true" in refusal["error"] and "API_SERVER_KEY" in refusal["error"]
-        assert "command: `no-such-agent-binary-xyz` was not found" in refusal["error"]
-        assert "SWITCHBOARD_AGENT_COMMAND" in refusal["error"]
+        assert isinstance(refusal, Refused) and "nothing was started" in refusal.reason
+        assert "hermes-api: hermes-api is not running" in refusal.reason
+        assert "API_SERVER_ENABLED=true" in refusal.reason and "API_SERVER_KEY" in refusal.reason
+        assert "command: `no-such-agent-binary-xyz` was not found" in refusal.reason
+        assert "SWITCHBOARD_AGENT_COMMAND" in refusal.reason
         assert await h.service.tickets() == []
 
 
 async def test_an_empty_task_is_refused_without_a_ticket(tmp_path):
     async with harness(tmp_path) as h:
-        assert "error" in await h.service.delegate("   ")
+        assert isinstance(await h.service.delegate("   "), Refused)
         assert await h.service.tickets() == []
 
 
@@ -175,13 +185,13 @@ async def test_an_approval_question_is_spoken_and_answered_for_the_session(tmp_p
         waiting = await h.until(1, lambda t: t.state is RunState.WAITING_FOR_APPROVAL)
         assert waiting.approval.request_id == request_id
         refused = await h.service.resolve_approval(1, "always")
-        assert "never" in refused["error"]
+        assert "never" in refused.reason
         answer = await h.service.resolve_approval(1, "session", requester_id=111)
-        assert answer["summary"] == "told run 1: approve for this session"
+        assert answer.summary == "told run 1: approve for this session" and answer.choice == "session"
         assert fake.runs[run.external_id].answers == [{"choice": "session", "request_id": request_id}]
         assert (await h.until(1, lambda t: t.state is RunState.RUNNING)).approval is None
         again = await h.service.resolve_approval(1, "once")
-        assert "not waiting" in again["error"]
+        assert "not waiting" in again.reason
         fake.assert_clean()
 
 
@@ -210,7 +220,7 @@ async def test_a_choice_the_question_does_not_offer_is_refused(tmp_path):
         await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
         fake.request_approval(run.external_id, choices=("once", "deny"))
         await h.until(1, lambda t: t.state is RunState.WAITING_FOR_APPROVAL)
-        assert "allows only once, deny" in (await h.service.resolve_approval(1, "session"))["error"]
+        assert "allows only once, deny" in (await h.service.resolve_approval(1, "session")).reason
         assert fake.runs[run.external_id].answers == []
 
 
@@ -222,17 +232,17 @@ async def test_a_note_is_queued_then_landed_only_when_the_lane_shows_it_consumed
         run = await accepted(h, 1)
         await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
         answer = await h.service.steer(1, "focus on the token refresh", requester_id=111)
-        assert answer["state"] == "queued" and "not yet shown to be read" in answer["summary"]
+        assert answer.receipt.state is SteerState.QUEUED and "not yet shown to be read" in answer.summary
         sent = fake.runs[run.external_id].steers[0]
         assert sent.endswith("] focus on the token refresh") and sent.startswith("[sb-")
         # run.steered arrives (the server's own acknowledgement): still only queued
         notes = await h.notes(1, lambda rs: rs and rs[0].seen_pending)
         assert notes[0].state is SteerState.QUEUED
-        assert (await h.service.check(1))["notes"][0]["state"] == "queued"
+        assert (await h.service.check(1)).receipts[0].state is SteerState.QUEUED
         fake.consume_steer(run.external_id)
         notes = await h.notes(1, lambda rs: rs[0].state is not SteerState.QUEUED)
         assert notes[0].state is SteerState.LANDED
-        view = (await h.service.check(1))["notes"][0]
+        view = (await h.service.check(1)).view()["notes"][0]
         assert view["state"] == "landed" and "consumed" in view["meaning"]
         fake.complete(run.external_id, "done")
         await h.delivered(1)
@@ -250,7 +260,7 @@ async def test_a_note_never_shown_consumed_is_unconfirmed_when_the_run_completes
         await h.delivered(1)
         notes = await h.notes(1, lambda rs: rs[0].state is not SteerState.QUEUED)
         assert notes[0].state is SteerState.UNCONFIRMED
-        assert "without any proof" in (await h.service.check(1))["notes"][0]["meaning"]
+        assert "without any proof" in (await h.service.check(1)).view()["notes"][0]["meaning"]
 
 
 async def test_stopping_supersedes_queued_notes_and_the_run_ends_cancelled(tmp_path):
@@ -260,14 +270,14 @@ async def test_stopping_supersedes_queued_notes_and_the_run_ends_cancelled(tmp_p
         await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
         await h.service.steer(1, "also check logging")
         stopped = await h.service.stop(1, "wrong repo", requester_id=111)
-        assert stopped["summary"] == "stopping run 1 (hermes-api says stopping)"
-        assert "superseded" in stopped["notes"]
+        assert stopped.summary == "stopping run 1 (hermes-api says stopping)"
+        assert stopped.outcome is StopOutcome.STOPPING and stopped.superseded == 1
         done = await h.delivered(1)
         assert done.state is RunState.CANCELLED and done.stop.by == 111 and done.error == "stopped: wrong repo"
         assert h.call.said == ["Run 1 (audit the auth module) was stopped."]
         assert (await h.service.repo.receipts(1))[0].state is SteerState.SUPERSEDED
-        assert (await h.service.stop(1))["summary"] == "run 1 already stopped"
-        assert "cannot reach it" in (await h.service.steer(1, "late"))["error"]
+        assert (await h.service.stop(1)).summary == "run 1 already stopped"
+        assert "cannot reach it" in (await h.service.steer(1, "late")).reason
         fake.assert_clean()
 
 
@@ -277,7 +287,7 @@ async def test_a_stop_before_the_lane_accepted_is_carried_out_when_it_does(tmp_p
         await h.service.delegate("audit the auth module")
         await asyncio.wait_for(fake.submission_held.wait(), SAFETY_S)
         answer = await h.service.stop(1)
-        assert answer["summary"] == "run 1 will be stopped as soon as hermes-api accepts it"
+        assert answer.summary == "run 1 will be stopped as soon as hermes-api accepts it"
         gate.set()
         done = await h.delivered(1)
         assert done.state is RunState.CANCELLED
@@ -293,10 +303,10 @@ async def test_command_runs_cannot_take_notes_but_can_be_stopped_with_their_proc
         watches = [ProcessWatch(leader), ProcessWatch(child)]
         await accepted(h, 1)
         refusal = await h.service.steer(1, "look at nginx too")
-        assert "no way to pass a note" in refusal["error"] and "stop it instead" in refusal["error"]
+        assert "no way to pass a note" in refusal.reason and "stop it instead" in refusal.reason and refusal.can_stop
         agents = await h.service.list_agents()
-        assert agents["agents"][0]["control"] == "stop only"
-        assert (await h.service.stop(1))["state"] == "stopping"
+        assert not agents.runs[0].can_steer
+        assert (await h.service.stop(1)).outcome is StopOutcome.STOPPING
         done = await h.delivered(1)
         assert done.state is RunState.CANCELLED
         for watch in watches:
@@ -315,14 +325,14 @@ async def test_list_agents_marks_what_can_be_steered(tmp_path):
         await read_fifo(fifo)
         await accepted(h, 2)
         agents = await h.service.list_agents()
-        assert [(a["run"], a["lane"], a["control"]) for a in agents["agents"]] == [
-            (1, "hermes-api", "steer or stop"), (2, "command", "stop only")]
-        assert agents["summary"] == "run 1 on hermes-api (steer or stop); run 2 on command (stop only)"
+        assert [(a.ticket.id, a.ticket.lane, a.can_steer) for a in agents.runs] == [
+            (1, "hermes-api", True), (2, "command", False)]
+        assert agents.summary == "run 1 on hermes-api (steer or stop); run 2 on command (stop only)"
         await h.service.stop(2)
         fake.complete(api_run.external_id, "ok")
         await h.delivered(1)
         await h.delivered(2)
-        assert (await h.service.list_agents())["agents"] == []
+        assert (await h.service.list_agents()).runs == ()
 
 
 async def test_a_run_past_its_budget_is_stopped_and_failed(tmp_path):
@@ -348,7 +358,7 @@ async def test_a_failing_command_reports_its_error(tmp_path):
         done = await h.delivered(1)
         assert done.state is RunState.FAILED and "the model refused the task" in done.error
         assert "failed: `" in h.call.said[0]
-        assert (await h.service.check(1))["error"].startswith("`")
+        assert (await h.service.check(1)).ticket.error.startswith("`")
 
 
 # -- restart recovery ------------------------------------------------------------------------------
@@ -420,7 +430,7 @@ async def test_a_claim_left_by_a_dead_deliverer_is_delivered_again(tmp_path):
 
 async def test_check_work_without_a_number_summarises_what_runs_and_what_landed(tmp_path):
     async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
-        assert (await h.service.check())["summary"] == "no background runs yet"
+        assert (await h.service.check()).summary == "no background runs yet"
         await h.service.delegate("first")
         first = await accepted(h, 1)
         fake.complete(first.external_id, "x" * 5000)
@@ -428,9 +438,9 @@ async def test_check_work_without_a_number_summarises_what_runs_and_what_landed(
         await h.service.delegate("second")
         await accepted(h, 2)
         overview = await h.service.check()
-        assert overview["summary"].startswith("run 2 is running on hermes-api")
-        assert "recently: run 1 finished" in overview["summary"]
-        detail = await h.service.check(1)
+        assert overview.summary.startswith("run 2 is running on hermes-api")
+        assert "recently: run 1 finished" in overview.summary
+        detail = (await h.service.check(1)).view()
         assert len(detail["output"]) <= 1502 and "switchboard runs show 1" in detail["output_note"]
         with pytest.raises(LookupError):
             await h.service.check(99)
@@ -465,7 +475,8 @@ async def everything_reported(h: Harness, run_id: int) -> str:
     events = await h.service.repo.events(run_id)
     posted = [t for t in h.sink.posted if t.id == run_id]
     return "\n".join([repr(ticket), *(repr(e) for e in events), *(repr(t) for t in posted), *h.call.said,
-                      repr(await h.service.check(run_id)), repr(await h.service.check())])
+                      *(repr(answer) + repr(answer.as_tool_output())
+                        for answer in (await h.service.check(run_id), await h.service.check()))])
 
 
 async def test_every_secret_the_process_holds_is_scrubbed_from_what_a_run_stores_says_and_posts(tmp_path):

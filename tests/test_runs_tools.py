@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from runs import run_tools, speaker_of
+from bot.tools.runs import run_tools, speaker_of
 from tests.test_runs_harness import agent_command
 from tests.test_runs_service import harness
 from voice.call.attribution import Attribution
@@ -82,3 +82,22 @@ async def test_mutating_tools_go_through_the_authoriser_and_read_only_ones_do_no
         assert await h.service.tickets() == []
         allowed = await catalogue.run("c2", "check_work", "{}")
         assert allowed.ok and json.loads(allowed.output)["summary"] == "no background runs yet"
+
+
+async def test_a_refusal_and_a_result_reach_the_model_as_the_same_json_objects_as_before(tmp_path):
+    async with harness(tmp_path, lanes=("command",), command=("no-such-agent-binary-xyz", "{task}")) as h:
+        catalogue = catalogue_for(h.service)
+        refused = await catalogue.run("c1", "delegate_task", json.dumps({"task": "x"}), origin=ALICE_SPOKE)
+        answer = json.loads(refused.output)
+        assert refused.ok and list(answer) == ["error"]
+        assert answer["error"].startswith("no agent lane is available, so nothing was started. command: ")
+    async with harness(tmp_path / "second", lanes=("command",), command=agent_command("answer")) as h:
+        catalogue = catalogue_for(h.service)
+        await catalogue.run("c2", "delegate_task", json.dumps({"task": "say hi"}), origin=ALICE_SPOKE)
+        await h.delivered(1)
+        stopped = await catalogue.run("c3", "stop_work", json.dumps({"run": 1}), origin=ALICE_SPOKE)
+        assert json.loads(stopped.output) == {"run": 1, "state": "completed", "summary": "run 1 already finished"}
+        declined = await catalogue.run("c4", "resolve_approval", json.dumps({"run": 1, "choice": "once"}),
+                                       origin=ALICE_SPOKE)
+        assert json.loads(declined.output) == {
+            "error": "run 1 is not waiting for an answer (it is finished)"}

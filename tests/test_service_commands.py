@@ -163,7 +163,7 @@ async def test_a_post_the_channel_refuses_is_kept_shown_in_status_and_never_lose
         shown = await svc.command("runs show", {"run": 1}, user=svc.guest)
     assert done.output.strip() == "answer: write the report"
     fields = {f["name"]: f["value"] for f in status["embeds"][0]["fields"]}
-    assert "may not post there" in fields["last run post failed"]
+    assert "may not post in channel" in fields["last run post failed"]
     assert shown["embeds"][0]["description"] == "answer: write the report"
 
 

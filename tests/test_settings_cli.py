@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from bot.settings import Settings, SettingsError, check_settings, parse_operator_ids, realtime_api_key
+from tests.support.cli import switchboard
 
 SECRET = "sk-live-should-never-appear-42"
 
@@ -96,14 +97,28 @@ def test_a_malformed_secret_is_reported_without_its_value():
     assert SECRET not in text
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    base = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}
-    return subprocess.run([sys.executable, "-m", "bot", "--env-file", "/dev/null", *args],
-                          capture_output=True, text=True, env={**base, **(env or {})}, timeout=60)
+BASE_ENV = {"PATH": "/usr/bin:/bin", "HOME": "/tmp"}
+# the console script `pip install` made for `[project.scripts]`, beside the interpreter running the tests
+SCRIPT = Path(sys.executable).parent / "switchboard"
 
 
-def test_version_and_help():
-    assert run_cli("--version").stdout.startswith("switchboard ")
+def run_cli(*args: str, env: dict[str, str] | None = None, program: tuple[str, ...] = (sys.executable, "-m", "bot"),
+            ) -> subprocess.CompletedProcess:
+    """A real process: `python -m bot ARGS` (or `program ARGS`) with only `env`."""
+    return subprocess.run([*program, "--env-file", "/dev/null", *args],
+                          capture_output=True, text=True, env={**BASE_ENV, **(env or {})}, timeout=60)
+
+
+def run_here(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """What `run_cli` does, in this process: for tests of the output and exit code only."""
+    argv = ["--env-file", "/dev/null", *args]
+    code, out, err = switchboard(argv, {**BASE_ENV, **(env or {})})
+    return subprocess.CompletedProcess(argv, code, out, err)
+
+
+def test_version_and_help_through_both_entry_points():
+    assert SCRIPT.exists(), f"{SCRIPT} is missing: install the project into this environment (make setup)"
+    assert run_cli("--version", program=(str(SCRIPT),)).stdout.startswith("switchboard ")
     help_text = run_cli("--help").stdout
     assert "doctor" in help_text and "talk" in help_text and "Exit codes" in help_text
 
@@ -117,7 +132,7 @@ def test_doctor_names_settings_but_never_their_values():
 
 
 def test_talk_without_a_key_says_what_to_set():
-    result = run_cli("talk", "--input-wav", "a.wav", "--output-wav", "b.wav")
+    result = run_here("talk", "--input-wav", "a.wav", "--output-wav", "b.wav")
     assert result.returncode == 2 and "SWITCHBOARD_OPENAI_API_KEY" in result.stderr
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
 
@@ -148,18 +163,16 @@ COMMANDS = ["doctor", "run", "listen", "start", "talk", "runs", "transcripts", "
 WRITES = ["register", "update", "enable", "disable", "remove", "review"]
 
 
-async def test_every_command_says_what_it_does_and_callback_changes_say_they_need_a_runs_token():
-    async def help_of(*argv: str) -> str:
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "bot", "--env-file", "/dev/null", *argv, "--help",
-            env={"PATH": "/usr/bin:/bin", "HOME": "/tmp", "COLUMNS": "100"},
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        out, err = await asyncio.wait_for(proc.communicate(), 60)
-        assert proc.returncode == 0 and not err, (argv, err)
-        return out.decode()
+def test_every_command_says_what_it_does_and_callback_changes_say_they_need_a_runs_token(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")  # argparse wraps help to the terminal's width, read from os.environ
+
+    def help_of(*argv: str) -> str:
+        result = run_here(*argv, "--help", env={"COLUMNS": "100"})
+        assert result.returncode == 0 and not result.stderr, (argv, result.stderr)
+        return result.stdout
 
     argvs = [(), *[(c,) for c in COMMANDS], *[("callbacks", w) for w in WRITES]]
-    texts = dict(zip(argvs, await asyncio.gather(*(help_of(*argv) for argv in argvs)), strict=True))
+    texts = dict(zip(argvs, [help_of(*argv) for argv in argvs], strict=True))
     for command in COMMANDS:
         assert len(_description(texts[(command,)])) > 40, (command, texts[(command,)])
     top = " ".join(texts[()].split())

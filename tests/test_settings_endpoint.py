@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from bot.settings import check_settings
-from voice.call.providers import UnsafeEndpoint, make_provider
-from voice.call.providers.endpoint import check_key_endpoint, check_realtime_url, display_url, is_loopback
+from common.urls import UnsafeEndpoint, check_key_endpoint, display_url, is_loopback
+from voice.call.providers import make_provider
+from voice.call.providers.endpoint import check_realtime_url
 
 KEY = "sk-in-the-url-must-not-echo-31337"
 

@@ -18,9 +18,9 @@ import os
 import sys
 from typing import Any, TextIO
 
-from bot.phone.tools import review_config
 from bot.services import build_services
 from bot.settings import Settings
+from bot.tools.phone import review_config
 from common.paths import home_problem
 from common.store import StoreError
 from listener.callbacks import CallbackError

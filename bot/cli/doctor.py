@@ -127,6 +127,7 @@ def _post_call(settings) -> list[Check]:
     import sqlite3
 
     from bot.settings import text_model_key
+    from listener.repository import callback_switches, last_failed_post, results_waiting
 
     key, source = text_model_key(settings)
     rows = [Check("memory", "ok", f"durable facts from each call by {settings.text_model} at {settings.text_url} "
@@ -142,15 +143,13 @@ def _post_call(settings) -> list[Check]:
     if path.exists():
         try:
             with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-                for cid, enabled in db.execute("SELECT id, enabled FROM listener_callbacks"):
+                for cid, enabled in callback_switches(db):
                     if cid == "default-review":
-                        review = bool(enabled)
+                        review = enabled
                     elif enabled:
                         callbacks.append(cid)
-                failed = db.execute("SELECT label, delivered FROM listener_jobs WHERE delivered LIKE 'post failed%' "
-                                    "ORDER BY created_at DESC LIMIT 1").fetchone()
-                (waiting,) = db.execute("SELECT COUNT(*) FROM listener_jobs WHERE delivered = "
-                                        "'waiting for the call card'").fetchone()
+                failed = last_failed_post(db)
+                waiting = results_waiting(db)
         except sqlite3.Error:
             pass  # no listener tables yet
     review_words = ("off (SWITCHBOARD_AUTO_REVIEW=false)" if not settings.auto_review else "on" if review else
@@ -171,14 +170,15 @@ def _last_post(settings) -> Check:
     """The last run post's outcome, read from the store without changing it."""
     import sqlite3
 
+    from runs.repository import last_post_event
+
     path = settings.home.expanduser() / DB_FILENAME
     channel = settings.runs_channel_id
     if not path.exists():
         return Check("runs channel", "ok", f"{channel}; nothing posted yet")
     try:
         with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            row = db.execute("SELECT run_id, kind, detail FROM run_events WHERE kind IN ('posted', 'post_failed') "
-                             "ORDER BY id DESC LIMIT 1").fetchone()
+            row = last_post_event(db)
     except sqlite3.Error:
         row = None
     if row is None:

@@ -15,7 +15,7 @@ import logging
 import os
 import select
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
@@ -29,24 +29,6 @@ if TYPE_CHECKING:
 
 EXIT_USAGE = 2
 EXIT_PIPE = 128 + 13  # SIGPIPE: what a shell shows for a writer whose reader closed
-MAX_ROW = 2**63 - 1  # SQLite's largest integer: a run number past it is none
-
-
-def whole_number(low: int, high: int) -> Callable[[str], int]:
-    """argparse type: a whole number from `low` to `high` (argparse says what was wrong, exit 2)."""
-
-    def parse(text: str) -> int:
-        try:
-            number = int(text.strip())
-        except ValueError:
-            number = low - 1
-        if not low <= number <= high:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number from {low} to {high}")
-        return number
-
-    return parse
-
-
 class OneLineParser(argparse.ArgumentParser):
     """A usage mistake is one line that says what was wrong and where help is (exit 2), not the
     usage block, which can run to several lines before the line that matters."""

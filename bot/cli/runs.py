@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TextIO
 
-from bot.cli.main import MAX_ROW, whole_number
+from bot.cli.args import MAX_ROW, whole_number
 from bot.services import build_services
 from bot.settings import Settings
 from common.paths import home_problem
@@ -25,6 +25,7 @@ from runs.core import RunTicket, SteerReceipt
 from runs.lanes import Lane
 from runs.procs import owner_alive
 from runs.repository import RunEvent
+from runs.results import Refused
 from runs.service import RunService, UnknownRun
 from runs.wording import STATE_WORDS, bounded, elapsed_words
 
@@ -192,12 +193,12 @@ def _print_show(ticket: RunTicket, receipts: list[SteerReceipt], events: list[Ru
 
 async def _stop(service: RunService, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     result = await service.stop(run_number(args.run), args.reason)
-    if "error" in result:
-        print(f"switchboard runs: {result['error']}", file=err)
+    if isinstance(result, Refused):
+        print(f"switchboard runs: {result.reason}", file=err)
         return 1
     if args.json:
-        json.dump(result, out, indent=2)
+        json.dump(result.as_tool_output(), out, indent=2)
         out.write("\n")
     else:
-        print(result["summary"], file=out)
+        print(result.summary, file=out)
     return 0

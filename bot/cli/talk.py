@@ -20,20 +20,20 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from bot.call_tools import call_tools
 from bot.cli.doctor import wav_hint
-from bot.phone.tools import KnownFacts, known_facts
 from bot.services import Services, build_services
 from bot.settings import Settings, SettingsError, realtime_api_key
+from bot.tools import call_tools
+from bot.tools.phone import KnownFacts, known_facts
 from common.paths import output_problem
 from common.store import StoreError
+from common.urls import display_url
 from runs import RunService
 from voice.audio import AudioFileError
 from voice.call.core import CallOptions, CallState, ShowTranscript
 from voice.call.engine import CallEngine, CallFailed, speech_detector
 from voice.call.identity import build_identity
 from voice.call.providers import ProviderConfigError, RealtimeProvider, make_provider
-from voice.call.providers.endpoint import display_url
 from voice.call.telemetry import Telemetry
 from voice.call.tools import AllowKnownSpeakers, ToolCatalogue
 from voice.call.vad import SpeechDetector, VadConfig

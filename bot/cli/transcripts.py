@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, TextIO
 
-from bot.cli.main import whole_number
+from bot.cli.args import whole_number
 from bot.services import build_services
 from bot.settings import Settings
 from common.paths import home_problem

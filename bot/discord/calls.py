@@ -19,10 +19,12 @@ from dataclasses import dataclass, field
 
 import discord
 
-from bot.call_tools import call_tools
-from bot.discord.captions import CaptionThread, escape_caller_text
+from bot.discord.captions import CaptionThread
 from bot.discord.gate import OperatorGate
-from bot.phone.tools import known_facts
+from bot.discord.posts import PostError, send
+from bot.discord.untrusted import escape_caller_text
+from bot.tools import call_tools
+from bot.tools.phone import known_facts
 from listener.archive import Archive
 from runs import RunService
 from voice.call.attribution import CallInfo
@@ -281,10 +283,9 @@ class CallManager:
             log.warning("%s", text)
             return
         try:
-            await self._client.get_partial_messageable(channel_id).send(
-                text, allowed_mentions=discord.AllowedMentions.none())
-        except (discord.HTTPException, OSError) as exc:
-            log.warning("could not post in channel %s (%s): %s", channel_id, type(exc).__name__, text)
+            await send(self._client, channel_id, content=text)
+        except PostError as exc:
+            log.warning("%s: %s", exc, text)
 
     def _engine_ended(self, guild_id: int, task: asyncio.Task) -> None:
         """The engine stopped by itself (the provider failed for good): leave the channel too."""

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import discord
 
+from bot.discord.untrusted import escape_caller_text
+
 log = logging.getLogger(__name__)
 
 MAX_CHARS = 1800  # per message: Discord allows 2,000; the rest is margin
@@ -43,8 +45,6 @@ ELLIPSIS = "…"
 # -- one line --------------------------------------------------------------------------------------
 
 _SPACE = re.compile(r"\s+")
-# After escape_markdown: a bracket not already escaped (preceded by an even run of backslashes).
-_BARE_BRACKET = re.compile(r"(?<!\\)((?:\\\\)*)([\[\]])")
 
 
 def caption_line(role: str, name: str | None, text: str, *, agent_name: str) -> str | None:
@@ -88,15 +88,6 @@ def _plain(value: object, limit: int | None = None) -> str:
 def _reads_as_assistant(name: str) -> bool:
     folded = unicodedata.normalize("NFKC", name).casefold().replace(" ", "")
     return folded.endswith("(assistant)")
-
-
-def escape_caller_text(text: str) -> str:
-    """Caller-controlled text (a display name, a transcription) shown in Discord as text: markdown,
-    mentions, masked links and `<…>` tokens neutralised."""
-    text = discord.utils.escape_markdown(text)
-    text = discord.utils.escape_mentions(text)
-    text = _BARE_BRACKET.sub(r"\1\\\2", text)
-    return text.replace("<", "<\u200b")
 
 
 def discord_length(text: str) -> int:

@@ -15,14 +15,19 @@ import discord
 from discord import app_commands
 
 from bot.discord.calls import CallManager, RoomOptions
-from bot.discord.commands.phone import CallbacksGroup, TranscriptsGroup
-from bot.discord.commands.talk_runs import RunsGroup, TalkGroup
+from bot.discord.checks import on_command_error
+from bot.discord.commands.callbacks import CallbacksGroup
+from bot.discord.commands.runs import RunsGroup
+from bot.discord.commands.talk import TalkGroup
+from bot.discord.commands.transcripts import TranscriptsGroup
 from bot.discord.embeds import OK, WARN, info_embed
 from bot.discord.gate import OperatorGate
 from bot.discord.runs_channel import ChannelSink
 from bot.settings import Settings, realtime_api_key
 from common.store import Store
-from listener.commands import addresses_agent
+from listener.archive import Archive
+from listener.callbacks import Callbacks
+from listener.named_commands import addresses_agent
 from runs import RunService
 
 if TYPE_CHECKING:
@@ -46,18 +51,20 @@ def intents() -> discord.Intents:
 
 
 class SwitchboardBot(discord.Client):
+    """The Discord client; implements `bot.discord.commands.context.CommandContext` for the command groups."""
+
     def __init__(self, settings: Settings) -> None:
         super().__init__(intents=intents())
         self.settings = settings
         self.tree = app_commands.CommandTree(self)
         self.gate = OperatorGate(settings.operator_user_ids)
         self.sink = ChannelSink(self, settings.runs_channel_id)
-        self.runs: RunService | None = None
-        self.store: Store | None = None  # set by serve before the gateway opens
+        self.services: Services | None = None  # given by `attach` before the gateway opens
         self.calls = CallManager(self, runs=lambda: self._runs(), gate=self.gate, provider=self._provider,
                                  identity=lambda memory: build_identity(settings.home, settings.identity_include, memory=memory),
                                  deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s,
                                  room=room_options(settings))
+        self.tree.on_error = on_command_error  # type: ignore[method-assign]  # one handler: refusals, failures
         self.tree.add_command(TalkGroup(self))
         self.tree.add_command(RunsGroup(self))
         self.tree.add_command(TranscriptsGroup(self))
@@ -68,12 +75,30 @@ class SwitchboardBot(discord.Client):
 
     def attach(self, services: Services) -> None:
         """The services the commands and calls use; given before the gateway opens."""
-        self.runs = services.runs
-        self.store = services.store
+        self.services = services
         self.sink.record = lambda run_id, kind, detail: services.runs.repo.log(run_id, kind, detail, time.time())
 
+    def _services(self) -> Services:
+        assert self.services is not None, "the services are attached before the gateway opens"
+        return self.services
+
+    @property
+    def runs(self) -> RunService:
+        return self._services().runs
+
+    @property
+    def store(self) -> Store:
+        return self._services().store
+
+    @property
+    def archive(self) -> Archive:
+        return self._services().archive
+
+    @property
+    def callbacks(self) -> Callbacks:
+        return self._services().callbacks
+
     def _runs(self) -> RunService:
-        assert self.runs is not None, "the runs service starts before the bot"
         return self.runs
 
     def _provider(self):

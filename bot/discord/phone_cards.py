@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 
 import discord
 
 from bot.discord.embeds import COLOURS, FIELD_LIMIT, MESSAGE_LIMIT, TITLE_LIMIT
+from bot.discord.posts import PostError, send
+from bot.discord.untrusted import escape_caller_text
 from bot.phone.delivery import (
     KIND_WORDS,
     JobResult,
@@ -32,10 +33,6 @@ CARD_COLOUR = 0x5865F2
 CONNECT_WAIT_S = 60.0
 
 
-class PostError(RuntimeError):
-    """A post Discord refused; the message says what to fix."""
-
-
 def lines(items: list[str], limit: int = FIELD_LIMIT) -> str:
     """One item per line, as many as fit in `limit` characters, then how many more there are."""
     text = ""
@@ -48,37 +45,30 @@ def lines(items: list[str], limit: int = FIELD_LIMIT) -> str:
 
 
 def card_embed(card: CallCard) -> discord.Embed:
-    embed = discord.Embed(title=bounded(plain(card_title(card)), TITLE_LIMIT - 40), colour=CARD_COLOUR,
-                          description=bounded(plain(card_summary(card)), 1000))
+    embed = discord.Embed(title=bounded(escape_caller_text(card_title(card)), TITLE_LIMIT - 40), colour=CARD_COLOUR,
+                          description=bounded(escape_caller_text(card_summary(card)), 1000))
     embed.add_field(name="when", value=f"<t:{int(card.received_at)}:f>", inline=True)
     embed.add_field(name="direction", value=card.direction or "unknown", inline=True)
     if card.duration_s:
         embed.add_field(name="length", value=elapsed_words(card.duration_s), inline=True)
     if card.facts:
-        embed.add_field(name="learned", value=lines([f"• {bounded(plain(f), 200)}" for f in card.facts]), inline=False)
-    jobs = [f"`{job_id}` {KIND_WORDS.get(kind, kind)}: {bounded(plain(label), 80)}" + (
+        embed.add_field(name="learned", value=lines([f"• {bounded(escape_caller_text(f), 200)}" for f in card.facts]), inline=False)
+    jobs = [f"`{job_id}` {KIND_WORDS.get(kind, kind)}: {bounded(escape_caller_text(label), 80)}" + (
         " (could not start yet; retried with the next delivery)" if job_id == "not started" else "")
         for job_id, kind, label in card.jobs]
     embed.add_field(name="jobs", value=lines(jobs) if jobs else "none", inline=False)
-    embed.set_footer(text=f"call {bounded(plain(card.conversation_id), 80)} · /transcripts show id:{card.transcript_id}")
+    embed.set_footer(text=f"call {bounded(escape_caller_text(card.conversation_id), 80)} · /transcripts show id:{card.transcript_id}")
     assert len(embed) <= MESSAGE_LIMIT, len(embed)
     return embed
 
 
-_MARKDOWN = re.compile(r"([\\*_~`|>\[\]()#-])")
-
-
-def plain(text: str) -> str:
-    """Caller text shown as text: every markdown character escaped (no masked link, heading or bold
-    takes effect) and mentions broken (nobody is pinged or named by it)."""
-    return discord.utils.escape_mentions(_MARKDOWN.sub(r"\\\1", text))
 
 
 def result_embed(result: JobResult, *, description_limit: int = 3500) -> discord.Embed:
     ticket = result.ticket
     kind = KIND_WORDS.get(result.kind, result.kind)
     head = f"{kind.capitalize()}: " if result.kind != "command" else "Call command: "
-    embed = discord.Embed(title=head + bounded(plain(result.label), TITLE_LIMIT - 40 - len(head)),
+    embed = discord.Embed(title=head + bounded(escape_caller_text(result.label), TITLE_LIMIT - 40 - len(head)),
                           colour=COLOURS[ticket.state])
     body = (ticket.output or ticket.error or "").strip()
     if len(body) > description_limit:
@@ -86,7 +76,7 @@ def result_embed(result: JobResult, *, description_limit: int = 3500) -> discord
     embed.description = body or None
     embed.add_field(name="state", value=STATE_WORDS[ticket.state], inline=True)
     embed.add_field(name="run", value=str(ticket.id), inline=True)
-    embed.add_field(name="call", value=bounded(plain(result.conversation_id), 100), inline=True)
+    embed.add_field(name="call", value=bounded(escape_caller_text(result.conversation_id), 100), inline=True)
     return embed
 
 
@@ -128,14 +118,4 @@ class DiscordPoster:
                 await asyncio.wait_for(connected.wait(), CONNECT_WAIT_S)
             except TimeoutError:
                 raise PostError("Discord is not connected yet") from None
-        channel = self._client.get_partial_messageable(channel_id)
-        try:
-            return await channel.send(allowed_mentions=discord.AllowedMentions.none(), **kwargs)
-        except discord.Forbidden:
-            raise PostError(f"the bot may not post in channel {channel_id} (it needs View Channel, Send Messages "
-                            "and Embed Links)") from None
-        except discord.NotFound:
-            raise PostError(f"channel {channel_id} does not exist (deleted?)") from None
-        except (discord.HTTPException, OSError) as exc:
-            raise PostError(f"Discord refused the post in channel {channel_id} ({type(exc).__name__}: "
-                            f"{str(exc)[:200]})") from None
+        return await send(self._client, channel_id, **kwargs)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import discord
 
 from bot.discord.embeds import run_embed
+from bot.discord.posts import PostError, send
 from runs import RunTicket
 
 log = logging.getLogger(__name__)
@@ -41,17 +42,11 @@ class ChannelSink:
         if self.channel_id is None:
             log.info("run %s finished; no SWITCHBOARD_RUNS_CHANNEL_ID is set, so it is not posted", ticket.id)
             return
-        channel = self._client.get_partial_messageable(self.channel_id)
         try:
-            await channel.send(embed=run_embed(ticket, self._clock()),
-                               allowed_mentions=discord.AllowedMentions.none())
-        except discord.Forbidden:
-            await self._failed(ticket, "the bot may not post there (it needs View Channel, Send Messages and "
-                                       "Embed Links)")
-        except discord.NotFound:
-            await self._failed(ticket, "the channel does not exist (deleted?); set SWITCHBOARD_RUNS_CHANNEL_ID again")
-        except (discord.HTTPException, OSError) as exc:
-            await self._failed(ticket, f"Discord refused the post ({type(exc).__name__}: {str(exc)[:200]})")
+            await send(self._client, self.channel_id, embed=run_embed(ticket, self._clock()),
+                       fix="set SWITCHBOARD_RUNS_CHANNEL_ID again")
+        except PostError as exc:
+            await self._failed(ticket, str(exc))
         else:
             self.posted += 1
             self.last_failure = None

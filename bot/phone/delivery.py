@@ -5,7 +5,7 @@ job's deliver target — under the call's card, in another channel, or only the 
 execution ledger does not know is passed on unchanged. A review's output becomes the call's review
 in the archive. The run's callback-mutation token (a named command's) is revoked when it lands.
 How a result is shown is a `ResultPoster`: Discord embeds in `switchboard run`, the terminal in
-`switchboard listen`.
+`switchboard listen`. What is read and recorded about a job goes through `listener.repository`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ import json
 import logging
 import sys
 from dataclasses import dataclass
-from typing import Any, Protocol, TextIO
+from typing import Protocol, TextIO
 
 from common.store import Store
 from listener.callbacks import MutationTokens, deliver_channel
 from listener.pipeline import CallCard
+from listener.repository import POSTING, WAITING, JobRepository, JobRoute, TranscriptRepository
 from listener.text import quote_untrusted
 from runs import NotificationSink, RunState, RunTicket
 from runs.procs import owner_alive, owner_token
@@ -53,10 +54,6 @@ class ResultPoster(Protocol):
         ...
 
 
-WAITING = "waiting for the call card"
-POSTING = "posting by "  # + the owner token of the process posting it right now
-
-
 class ListenerDelivery:
     """The runs service's sink for listener jobs, and the pipeline's card notifier in front of the
     poster: a result that lands before its call's card waits, and the card, once posted, brings every
@@ -70,49 +67,39 @@ class ListenerDelivery:
 
     def __init__(self, store: Store, fallback: NotificationSink, poster: ResultPoster, *,
                  default_channel: int | None, owner: str | None = None) -> None:
-        self._store = store
         self._fallback = fallback
         self._poster = poster
         self._default_channel = default_channel
         self._tokens = MutationTokens(store)
+        self._jobs = JobRepository(store)
+        self._transcripts = TranscriptRepository(store)
         self._repo = RunRepository(store)
         self._owner = owner or owner_token()
         self._lock = asyncio.Lock()  # a result and its card never cross in this process
 
     async def post_run(self, ticket: RunTicket) -> None:
-        row = await self._job(ticket.id)
-        if row is None:
+        job = await self._job(ticket.id)
+        if job is None:
             await self._fallback.post_run(ticket)
             return
-        await self._tokens.revoke(row["dedupe_key"])
-        if row["kind"] == "review":
+        await self._tokens.revoke(job.dedupe_key)
+        if job.kind == "review":
             done = ticket.state is RunState.COMPLETED
-            async with self._store.transaction() as conn:
-                await conn.execute("UPDATE transcripts SET review = ?, review_status = ? WHERE id = ?",
-                                   (ticket.output if done else ticket.error, "done" if done else "failed",
-                                    row["transcript_id"]))
+            await self._transcripts.record_review(job.transcript_id, ticket.output if done else ticket.error,
+                                                  "done" if done else "failed")
         async with self._lock:  # checked and marked in one statement, against the card's recording (post_card)
-            waiting = await self._store.execute(
-                "UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ? AND delivered IS NULL AND "
-                "(SELECT card FROM transcripts WHERE id = ?) IS NULL", (WAITING, row["dedupe_key"], row["transcript_id"]))
+            waiting = await self._jobs.wait_for_card(job.dedupe_key, job.transcript_id)
         if waiting:
-            log.info("run %s (%s for call %s) waits for the call card", ticket.id, row["kind"],
-                     quote_untrusted(row["conversation_id"]))
+            log.info("run %s (%s for call %s) waits for the call card", ticket.id, job.kind,
+                     quote_untrusted(job.conversation_id))
             return
         await self._post(ticket, await self._job(ticket.id))
 
     async def post_card(self, card: CallCard) -> str | None:
         """Post the card (via the poster), record it, then every result that was waiting for it."""
         reference = await self._poster.post_card(card)  # raises: the pipeline records the stage
-        async with self._lock:
-            async with self._store.transaction() as conn:
-                await conn.execute("UPDATE transcripts SET card = ? WHERE id = ?",
-                                   (reference or "posted", card.transcript_id))
-                async with conn.execute(
-                        "SELECT job_id FROM listener_jobs WHERE transcript_id = ? AND job_id IS NOT NULL AND "
-                        "(delivered = ? OR delivered LIKE 'post failed%') ORDER BY rowid",
-                        (card.transcript_id, WAITING)) as cursor:
-                    held = list(await cursor.fetchall())
+        async with self._lock:  # the card and the results held for it, read in one transaction
+            held = await self._jobs.record_card(card.transcript_id, reference or "posted")
         await self._post_held(held)
         return reference
 
@@ -120,26 +107,20 @@ class ListenerDelivery:
         """Post results still waiting for a card that has since been recorded (a crash or a stop between
         the card and its results), and those a process that is gone was posting. Called when the
         listener starts; returns how many it posted."""
-        rows = await self._store.fetchall(
-            "SELECT j.job_id FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id WHERE (j.delivered = ? "
-            "OR j.delivered LIKE ?) AND t.card IS NOT NULL ORDER BY j.rowid", (WAITING, POSTING + "%"))
-        return await self._post_held(rows)
+        return await self._post_held(await self._jobs.held_results())
 
-    async def _post_held(self, rows: list[Any]) -> int:
-        """Post each held job's finished run (rows carry `job_id`); returns how many were posted."""
+    async def _post_held(self, job_ids: list[str]) -> int:
+        """Post each held job's finished run; returns how many were posted."""
         posted = 0
-        for entry in rows:
-            run_id = int(str(entry["job_id"]).removeprefix("run-"))
-            ticket, row = await self._repo.get(run_id), await self._job(run_id)
-            if ticket is not None and row is not None:
-                posted += await self._post(ticket, row)
+        for job_id in job_ids:
+            run_id = int(str(job_id).removeprefix("run-"))
+            ticket, job = await self._repo.get(run_id), await self._job(run_id)
+            if ticket is not None and job is not None:
+                posted += await self._post(ticket, job)
         return posted
 
-    async def _job(self, run_id: int) -> Any:
-        return await self._store.fetchone(
-            "SELECT j.dedupe_key, j.kind, j.label, j.deliver, j.delivered, t.id AS transcript_id, t.conversation_id, "
-            "t.from_number, t.to_number, t.card FROM listener_jobs j JOIN transcripts t ON t.id = j.transcript_id "
-            "WHERE j.job_id = ?", (f"run-{run_id}",))
+    async def _job(self, run_id: int) -> JobRoute | None:
+        return await self._jobs.route(f"run-{run_id}")
 
     def _postable(self, delivered: str | None) -> bool:
         """Whether a result in this state is still to be posted: never posted, waiting, refused before,
@@ -151,26 +132,22 @@ class ListenerDelivery:
             return owner != self._owner and not owner_alive(owner, me=self._owner)
         return False
 
-    async def _post(self, ticket: RunTicket, row: Any) -> bool:
+    async def _post(self, ticket: RunTicket, job: JobRoute) -> bool:
         """Take the result (exactly one process wins) and post it; False when it was not ours to post."""
-        seen = row["delivered"]
-        if not self._postable(seen) or await self._store.execute(
-                "UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ? AND delivered IS ?",
-                (POSTING + self._owner, row["dedupe_key"], seen)) != 1:
+        seen = job.delivered
+        if not self._postable(seen) or not await self._jobs.take_result(job.dedupe_key, seen, self._owner):
             return False
-        result = JobResult(ticket, row["kind"], row["label"], row["conversation_id"], row["from_number"],
-                           row["to_number"], deliver_channel(row["deliver"], self._default_channel), row["card"])
+        result = JobResult(ticket, job.kind, job.label, job.conversation_id, job.from_number, job.to_number,
+                           deliver_channel(job.deliver, self._default_channel), job.card)
         where = "post failed: interrupted"
         try:
             where = await self._poster.post_result(result)
         except Exception as exc:  # kept in the ledger; the run and the archive are untouched
-            log.warning("run %s (%s for call %s) was not posted: %s", ticket.id, row["kind"], quote_untrusted(row["conversation_id"]),
-                        exc)
+            log.warning("run %s (%s for call %s) was not posted: %s", ticket.id, job.kind,
+                        quote_untrusted(job.conversation_id), exc)
             where = f"post failed: {str(exc)[:200]}"
         finally:
-            await asyncio.shield(self._store.execute(
-                "UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ? AND delivered = ?",
-                (where, row["dedupe_key"], POSTING + self._owner)))
+            await asyncio.shield(self._jobs.settle_result(job.dedupe_key, where, self._owner))
         return True
 
 

@@ -21,7 +21,7 @@ from listener.extract import FactExtractor
 from listener.jobs import Job
 from listener.pipeline import CallNotifier, TranscriptPipeline
 from listener.text import quote_untrusted
-from runs import RunService
+from runs import Refused, RunService
 
 log = logging.getLogger(__name__)
 
@@ -37,9 +37,9 @@ class RunJobs:
     async def start_job(self, job: Job) -> str:
         answer = await self._runs.delegate(job.task, context=job.context, scrub=job.secrets,
                                            idempotency_key=job.intent)
-        if "error" in answer:
-            raise RuntimeError(answer["error"])
-        return f"run-{answer['run']}"
+        if isinstance(answer, Refused):
+            raise RuntimeError(answer.reason)
+        return f"run-{answer.run}"
 
 
 def listener_problem(settings: Settings) -> str | None:

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from httpx_sse import SSEError, aconnect_sse
 
+from common.urls import display_url
 from runs.config import RunsConfig
 from runs.core import Accepted, Finished, Observation, RunState, RunTicket
 from runs.hermes_wire import (
@@ -42,16 +43,6 @@ STREAM_LIMIT = 100
 REQUEST_LIMIT = 20
 
 
-def public_url(url: str) -> str:
-    """The URL without credentials, query or fragment (safe to say out loud)."""
-    try:
-        parsed = httpx.URL(url)
-    except Exception:
-        return "the configured address"
-    port = f":{parsed.port}" if parsed.port else ""
-    return f"{parsed.scheme}://{parsed.host}{port}{parsed.path.rstrip('/')}"
-
-
 def _why(exc: Exception) -> str:
     return type(exc).__name__
 
@@ -79,7 +70,7 @@ class HermesApiLane:
             raise ValueError("stream_limit and request_limit must be at least 1")
         self._config = config
         self._base = config.hermes_url.rstrip("/")
-        self._where = public_url(config.hermes_url)
+        self._where = display_url(config.hermes_url)
         self._auth = {"Authorization": f"Bearer {config.hermes_key}"} if config.hermes_key else {}
         self._own_client = client is None
         self._client = client or _http_client(request_limit)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import discord.opus
 import numpy as np
+import pytest
 
 from common.store import DB_FILENAME
 from tests.support.fake_discord import FakeDiscord, SimUser
@@ -39,6 +40,10 @@ OPENAI_KEY = "sk-discord-call-NEVER-SHOWN"
 WAIT_S = 30.0
 FRAME_S = 0.02
 MAX_BURST_FRAMES = 15  # the bot keeps 25 frames (500 ms) per member; a longer burst would be shed
+
+# Mark a module that uses `room` with it: two rooms at once (two bot processes pacing real-time audio on
+# different xdist workers) starve each other on a small machine, so rooms run one after another.
+ONE_ROOM_AT_A_TIME = pytest.mark.xdist_group("discord_room")
 
 
 def opus_speech(text: str, **voice: int | str) -> list[bytes]:

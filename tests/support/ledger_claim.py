@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
 from common.store import Migration, open_store  # noqa: E402
-from listener.archive import MIGRATIONS as LISTENER  # noqa: E402
-from listener.archive import ExecutionLedger  # noqa: E402
+from listener.ledger import ExecutionLedger  # noqa: E402
+from listener.repository import MIGRATIONS as LISTENER  # noqa: E402
 from runs.procs import owner_token  # noqa: E402
 from runs.repository import MIGRATIONS as RUNS  # noqa: E402
 from runs.repository import RunRepository  # noqa: E402

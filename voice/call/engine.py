@@ -21,6 +21,7 @@ from typing import Any
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
+from common.redact import redacted_logger
 from voice import __version__
 from voice.call.actions import PlaybackPosition
 from voice.call.attribution import CallInfo
@@ -44,7 +45,6 @@ from voice.call.core import (
 from voice.call.identity import Identity
 from voice.call.logs import CallLogger
 from voice.call.providers.base import RealtimeProvider, SessionConfig
-from voice.call.redact import redacted_logger
 from voice.call.telemetry import Telemetry
 from voice.call.tools import ToolCatalogue, ToolDecision
 from voice.call.transports.base import CallTransport, RoomTick

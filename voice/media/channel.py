@@ -25,8 +25,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import numpy as np
 
 from voice.audio import Resampler
-from voice.call.actions import PlaybackPosition
 from voice.call.transports.base import FRAME_BYTES, HeardFrame, PlaybackListener, RoomTick, TurnContext
+from voice.call.transports.playback_queue import SpeakerPlayback
 from voice.call.vad import DetectorBank, EnergyDetector, VadBank, VadStream
 from voice.media.playback import PlaybackSource
 
@@ -49,7 +49,7 @@ class _Member:
         self.dropped = 0
 
 
-class RoomTransport:
+class RoomTransport(SpeakerPlayback):
     def __init__(self, *, names: Callable[[int], str | None] = lambda _user: None,
                  vad: VadBank | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -57,6 +57,7 @@ class RoomTransport:
                  loop: asyncio.AbstractEventLoop | None = None,
                  max_queued_frames: int = MAX_QUEUED_FRAMES, room_clock: RoomClock | None = None) -> None:
         self.source = PlaybackSource(MODEL_RATE)
+        self._speaker = self.source  # the playback half (`SpeakerPlayback`) plays through Discord's source
         self._names = names
         self._vad: VadBank = vad or DetectorBank(EnergyDetector)
         self._clock = clock
@@ -179,30 +180,6 @@ class RoomTransport:
                 loop.call_soon_threadsafe(listener.on_playback_idle)
 
         self.source.set_listener(_OnLoop())
-
-    def play(self, pcm: bytes, item_id: str) -> None:
-        self.source.feed(pcm, item_id)
-
-    def finish_item(self, item_id: str) -> None:
-        self.source.finish_item(item_id)
-
-    def clear(self) -> None:
-        self.source.clear()
-
-    def pause(self) -> None:
-        self.source.speaker.pause()
-
-    def resume(self) -> None:
-        self.source.speaker.resume()
-
-    def played_ms(self, item_id: str) -> int:
-        return self.source.played_ms(item_id)
-
-    def is_playing(self) -> bool:
-        return self.source.is_playing()
-
-    def position(self) -> PlaybackPosition:
-        return self.source.position()
 
 
 def run_vad(vad: VadBank, streams: list[VadStream]) -> None:

@@ -14,8 +14,6 @@ import discord
 import numpy as np
 
 from voice.audio import Resampler
-from voice.call.actions import PlaybackPosition
-from voice.call.transports.base import PlaybackListener
 from voice.call.transports.playback_queue import PacedSpeaker
 from voice.media.opus import FRAME_BYTES
 from voice.media.rtp import OPUS_SILENCE
@@ -41,29 +39,28 @@ class StereoUpsampler:
         self._resampler.reset()
 
 
-class PlaybackSource(discord.AudioSource):
-    """A thread-safe `discord.AudioSource` that never ends on its own (silence on underrun)."""
+class PlaybackSource(PacedSpeaker, discord.AudioSource):
+    """A thread-safe `discord.AudioSource` that never ends on its own (silence on underrun).
+
+    It is the `PacedSpeaker` every transport plays through, sized for Discord (20 ms of 48 kHz
+    stereo), whose `play` takes the model's 24 kHz mono and upsamples it on the way in."""
 
     def __init__(self, in_rate: int = MODEL_RATE) -> None:
+        super().__init__(FRAME_BYTES, _BYTES_PER_MS)
         self._upsampler = StereoUpsampler(in_rate)
-        self.speaker = PacedSpeaker(FRAME_BYTES, _BYTES_PER_MS)
         self._carry_item: str | None = None  # item whose tail is still inside the resampler
         self._opus = False  # what the last read() returned: Opus silence, or PCM to encode
 
-    def set_listener(self, listener: PlaybackListener | None) -> None:
-        """Told (on the player thread) when an item starts playing and when the output goes idle."""
-        self.speaker.set_listener(listener)
-
     # -- event loop side -----------------------------------------------------------------------
 
-    def feed(self, pcm: bytes, item_id: str) -> None:
+    def play(self, pcm: bytes, item_id: str) -> None:
         """Queue model audio (24 kHz mono s16le) belonging to assistant item `item_id`."""
         if self._carry_item is not None and self._carry_item != item_id:
             self.finish_item(self._carry_item)
         self._carry_item = item_id
         out = self._upsampler.convert(pcm)
         if out:
-            self.speaker.play(out, item_id)
+            super().play(out, item_id)
 
     def finish_item(self, item_id: str) -> None:
         """The item's audio is complete: flush the resampler tail so it plays to the end."""
@@ -71,44 +68,23 @@ class PlaybackSource(discord.AudioSource):
             tail = self._upsampler.convert(b"", last=True)
             self._carry_item = None
             if tail:
-                self.speaker.play(tail, item_id)
-        self.speaker.finish_item(item_id)
+                super().play(tail, item_id)
+        super().finish_item(item_id)
 
     def clear(self) -> None:
         """Barge-in: drop everything not yet played, at once. The next read() is silence."""
-        self.speaker.clear()
+        super().clear()
         self._upsampler.reset()
         self._carry_item = None
 
-    def played_ms(self, item_id: str) -> int:
-        """Milliseconds of `item_id` actually handed to Discord so far."""
-        return self.speaker.played_ms(item_id)
-
-    def buffered_ms(self) -> int:
-        return self.speaker.buffered_ms()
-
-    def is_playing(self) -> bool:
-        return self.speaker.is_playing()
-
-    def position(self) -> PlaybackPosition:
-        return self.speaker.position()
-
     @property
     def frames_read(self) -> int:
-        return self.speaker.frames_pulled
-
-    @property
-    def underruns(self) -> int:
-        return self.speaker.underruns
-
-    @property
-    def clears(self) -> int:
-        return self.speaker.clears
+        return self.frames_pulled
 
     # -- player thread side ---------------------------------------------------------------------
 
     def read(self) -> bytes:
-        frame, item_id = self.speaker.pull_frame()
+        frame, item_id = self.pull_frame()
         # Nothing to play: Opus's own 3-byte silence frame, which costs no encoding (discord.py asks
         # `is_opus()` after every read); encoding 20 ms of zeros 50 times a second per call costs more
         # than the call's whole receive path.

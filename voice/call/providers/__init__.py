@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from common.urls import display_url
 from voice.call.providers.base import (
     ProviderConfigError,
     RealtimeProvider,
@@ -9,7 +10,7 @@ from voice.call.providers.base import (
     SessionConfig,
     ToolSpec,
 )
-from voice.call.providers.endpoint import UnsafeEndpoint, check_realtime_url, display_url
+from voice.call.providers.endpoint import UnsafeRealtimeEndpoint, check_realtime_url
 from voice.call.providers.openai_ga import OpenAIRealtime
 from voice.call.providers.xai import XAIRealtime
 
@@ -23,7 +24,7 @@ __all__ = [
     "ResponseRequest",
     "SessionConfig",
     "ToolSpec",
-    "UnsafeEndpoint",
+    "UnsafeRealtimeEndpoint",
     "XAIRealtime",
     "check_model",
     "check_voice",
@@ -37,7 +38,7 @@ _NO_KEY = "-"  # stands in for a key when only the model or voice is being check
 
 
 def make_provider(name: str, *, api_key: str, model: str, voice: str, url: str | None = None) -> RealtimeProvider:
-    """The provider `name`. Raises ProviderConfigError (UnsafeEndpoint for `url`) saying what to change.
+    """The provider `name`. Raises ProviderConfigError (UnsafeRealtimeEndpoint for `url`) saying what to change.
 
     The URL is checked here as well as in the settings: a key goes only over `wss://`, or `ws://`
     to a loopback address.
@@ -48,8 +49,8 @@ def make_provider(name: str, *, api_key: str, model: str, voice: str, url: str |
     if url is not None:
         try:
             check_realtime_url(url)
-        except UnsafeEndpoint as exc:
-            raise UnsafeEndpoint(f"realtime URL {display_url(url)}: {exc}") from None
+        except UnsafeRealtimeEndpoint as exc:
+            raise UnsafeRealtimeEndpoint(f"realtime URL {display_url(url)}: {exc}") from None
     return cls(api_key, model, voice, url)
 
 

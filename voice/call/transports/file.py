@@ -17,7 +17,7 @@ import numpy as np
 
 from voice.audio import AudioFileError, FrameChunker, MonoConverter, WavReader, WavWriter
 from voice.call.transports.base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener
-from voice.call.transports.playback_queue import SILENCE_FRAME, PacedSpeaker, SpeakerPlayback
+from voice.call.transports.playback_queue import SILENCE_FRAME, LocalPlayback, PacedSpeaker
 
 FRAME_S = FRAME_MS / 1000
 _READ_FRAMES = 4800  # sample frames of IN.wav read per block: 100 ms at 48 kHz
@@ -25,7 +25,7 @@ SILENT_PEAK = 33  # -60 dBFS in 16-bit samples: an input that never gets louder 
 SleepFn = Callable[[float], Awaitable[object]]
 
 
-class FileTransport(SpeakerPlayback):
+class FileTransport(LocalPlayback):
     """CallTransport over files. IN.wav's header is validated by the constructor (AudioFileError,
     also when it holds no audio); its audio is read while `frames()` runs.
 

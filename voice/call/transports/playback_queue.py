@@ -182,7 +182,8 @@ class PacedSpeaker:
 
 
 class SpeakerPlayback:
-    """CallTransport's playback half, delegated to a `PacedSpeaker` in `self._speaker`."""
+    """CallTransport's playback half, delegated to a `PacedSpeaker` in `self._speaker` (the terminal's,
+    the file's, or Discord's `PlaybackSource`)."""
 
     _speaker: PacedSpeaker
 
@@ -209,6 +210,10 @@ class SpeakerPlayback:
 
     def position(self) -> PlaybackPosition:
         return self._speaker.position()
+
+
+class LocalPlayback(SpeakerPlayback):
+    """A local transport (terminal, file): one speaker at the keyboard, started and closed by `async with`."""
 
     def turn_context(self) -> TurnContext:
         return LOCAL_CONTEXT  # one local speaker, always the same person

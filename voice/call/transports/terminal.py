@@ -17,7 +17,7 @@ from typing import Any
 
 from voice.audio import FrameChunker, Resampler, rms_dbfs
 from voice.call.transports.base import FRAME_BYTES, FRAME_MS, RATE, PlaybackListener
-from voice.call.transports.playback_queue import PacedSpeaker, SpeakerPlayback
+from voice.call.transports.playback_queue import LocalPlayback, PacedSpeaker
 
 INSTALL_HINT = (
     "install it with `pip install 'switchboard[audio]'` "
@@ -124,7 +124,7 @@ class _LoopHop:
             pass
 
 
-class TerminalTransport(SpeakerPlayback):
+class TerminalTransport(LocalPlayback):
     """CallTransport over the default (or given) microphone and speaker.
 
     Construction only imports sounddevice (TerminalAudioUnavailable if it cannot); `start()` opens

@@ -1,4 +1,4 @@
-"""Keep credentials out of logs, including what libraries log about our connections.
+"""Keep credentials out of logs, including what libraries log about our connections (every domain uses it).
 
 `redact(text)` rewrites every shape a key takes in a log line: header lines, dict and tuple reprs,
 URL queries and userinfo, bearer/basic values, and bare provider keys (`sk-…`, `xai-…`) wherever

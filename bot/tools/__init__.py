@@ -1,5 +1,6 @@
-"""The tools every voice call offers its model, in one list: the six run tools over the runs service
-and the phone-call tools over the archive (search, memory, the review and callbacks).
+"""The tools a voice call offers its model, in one list: the six run tools over the runs service
+(`bot.tools.runs`) and the phone-call tools over the archive (`bot.tools.phone`: search, memory, the
+review and callbacks).
 
 `switchboard talk` and a Discord call build their catalogue from `call_tools`; only the authoriser
 differs (the terminal's one person, or the Discord operator gate).
@@ -9,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bot.phone.tools import transcript_tools
+from bot.tools.phone import transcript_tools
+from bot.tools.runs import run_tools, speaker_of
 from listener.archive import Archive
-from runs import RunService, run_tools, speaker_of
+from runs import RunService
 from voice.call.tools import Tool, ToolCall
 
 

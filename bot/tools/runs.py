@@ -1,10 +1,15 @@
-"""The voice tools over the runs service: delegate, check, list, steer, stop, answer a question."""
+"""The voice tools over the runs service: delegate, check, list, steer, stop, answer a question.
+
+Each tool answers the model with its result's `as_tool_output()`; an unknown run number is an
+answer too (`{"error": ...}`), never a crash of the call.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from runs.results import RunResult
 from runs.service import RunService, UnknownRun
 from voice.call.tools import Tool, ToolCall
 
@@ -20,10 +25,10 @@ def speaker_of(call: ToolCall) -> int | None:
     return None
 
 
-def _handler(body: Callable[[ToolCall], Awaitable[dict[str, Any]]]) -> Callable[[ToolCall], Awaitable[dict]]:
+def _handler(body: Callable[[ToolCall], Awaitable[RunResult]]) -> Callable[[ToolCall], Awaitable[dict]]:
     async def handler(call: ToolCall) -> dict[str, Any]:
         try:
-            return await body(call)
+            return (await body(call)).as_tool_output()
         except UnknownRun as exc:
             return {"error": f"{exc}; list_agents or check_work show the run numbers"}
 
@@ -34,23 +39,23 @@ def run_tools(service: RunService, *,
               requester_of: Callable[[ToolCall], int | None] = speaker_of) -> list[Tool]:
     """The six run tools, exactly: mutating ones go through the catalogue's authoriser."""
 
-    async def delegate(call: ToolCall) -> dict[str, Any]:
+    async def delegate(call: ToolCall) -> RunResult:
         return await service.delegate(str(call.arguments.get("task") or ""), requester_of(call))
 
-    async def check(call: ToolCall) -> dict[str, Any]:
+    async def check(call: ToolCall) -> RunResult:
         return await service.check(call.arguments.get("run"))
 
-    async def agents(call: ToolCall) -> dict[str, Any]:
+    async def agents(call: ToolCall) -> RunResult:
         return await service.list_agents()
 
-    async def steer(call: ToolCall) -> dict[str, Any]:
+    async def steer(call: ToolCall) -> RunResult:
         return await service.steer(call.arguments.get("run"), str(call.arguments.get("note") or ""),
                                    requester_of(call))
 
-    async def stop(call: ToolCall) -> dict[str, Any]:
+    async def stop(call: ToolCall) -> RunResult:
         return await service.stop(call.arguments.get("run"), call.arguments.get("reason"), requester_of(call))
 
-    async def answer(call: ToolCall) -> dict[str, Any]:
+    async def answer(call: ToolCall) -> RunResult:
         return await service.resolve_approval(call.arguments.get("run"), str(call.arguments.get("choice") or ""),
                                               requester_of(call))
 
