@@ -7,8 +7,12 @@ they stand — also after an earlier, partial redaction.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+from collections.abc import Callable, Iterable
+from typing import Any
+from urllib.parse import quote, quote_plus
 
 MASK = "***"
 _NAMES = (r"proxy-authorization|authorization|x-api-key|api[-_]?key|apikey|access[-_]?token|"
@@ -33,20 +37,30 @@ def redact(text: str) -> str:
     return _BARE_KEY.sub(MASK, text)
 
 
+def redacted_message(msg: object, args: object, secrets: Iterable[str] = ()) -> str:
+    """A log call's message, formatted, with every credential replaced: a `(header name, value)` pair
+    of a sensitive header (as websockets logs them) loses its whole value, every form of each of
+    `secrets` goes (`scrub_secrets`), and the rest goes through `redact`."""
+    if isinstance(args, tuple) and len(args) >= 2 and isinstance(args[0], str) \
+            and args[0].strip().lower() in _SENSITIVE_HEADERS:
+        args = (args[0], MASK, *args[2:])
+    try:
+        text = str(msg) % args if args else str(msg)
+    except Exception:  # a malformed call is shown as its parts, still redacted
+        text = " ".join(map(str, (msg, *(args if isinstance(args, tuple) else (args,)))))
+    return redact(scrub_secrets(text, secrets))
+
+
 class CredentialRedactor(logging.Filter):
     """Rewrites every record it sees so that no credential survives into a handler."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if isinstance(args, tuple) and len(args) >= 2 and isinstance(args[0], str) \
-                and args[0].strip().lower() in _SENSITIVE_HEADERS:
-            record.args = (args[0], MASK, *args[2:])
         try:
-            message = record.getMessage()
+            record.getMessage()
         except Exception:  # a malformed record is the logging module's problem, not a leak
             return True
-        cleaned = redact(message)
-        if cleaned != message:
+        cleaned = redacted_message(record.msg, record.args)
+        if cleaned != record.getMessage():
             record.msg, record.args = cleaned, ()
         return True
 
@@ -57,3 +71,42 @@ def redacted_logger(name: str) -> logging.Logger:
     if not any(isinstance(f, CredentialRedactor) for f in logger.filters):
         logger.addFilter(CredentialRedactor())
     return logger
+
+
+def secret_forms(secret: str) -> list[str]:
+    """Every way `secret` can show up in text: as sent, inside a URL (percent- or plus-encoded), escaped
+    by `repr` or JSON, with its whitespace runs collapsed; longest first."""
+    forms = {secret, " ".join(secret.split()), quote(secret), quote(secret, safe=""), quote_plus(secret), repr(secret)[1:-1],
+             json.dumps(secret)[1:-1]}
+    return sorted((f for f in forms if f), key=len, reverse=True)
+
+
+def scrub_secrets(text: str, secrets: Iterable[str], mask: str = MASK) -> str:
+    """`text` with every form (`secret_forms`) of every non-blank secret replaced by `mask`."""
+    for secret in secrets:
+        if secret and secret.strip():
+            for form in secret_forms(secret):
+                text = text.replace(form, mask)
+    return text
+
+
+class ConnectionLog(logging.LoggerAdapter):
+    """What a library logs about a connection that carries a key: every line goes through `redact` and
+    has every form of the connection's own secrets replaced, whatever the server echoed back."""
+
+    def __init__(self, logger: logging.Logger, secrets: Callable[[], Iterable[str]]) -> None:
+        super().__init__(logger, {})
+        self._secrets = secrets
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        if not self.isEnabledFor(level):
+            return
+        kwargs.setdefault("stacklevel", 2)
+        self.logger.log(level, "%s", redacted_message(msg, args, self._secrets()), **kwargs)
+
+
+def connection_logger(name: str, secrets: Callable[[], Iterable[str]] = tuple) -> ConnectionLog:
+    """The logger to give `websockets` for a connection that carries a key (the Realtime provider, the
+    Smartnumbers stream): its upgrade-header dump and everything else it logs, redacted, with the
+    connection's own `secrets` removed in any encoding."""
+    return ConnectionLog(redacted_logger(name), secrets)

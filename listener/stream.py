@@ -10,8 +10,9 @@ Rules (docs/listener.md, "Acknowledgements"; the stream protocol as Smartnumbers
   goes only into the upgrade request, `Authorization: Bearer <key>`. It is never put in a message or
   a log line: an exception whose text carries it (a server echoing the header back) has it replaced
   in every form it can take there (as sent, percent- or plus-encoded, `repr`/JSON-escaped, with its
-  spaces collapsed); websockets' own debug logging (which prints request headers) is switched off
-  for this connection. Redirects are not followed and proxy environment variables are ignored, so
+  spaces collapsed); what websockets logs about the connection (its debug dump of the headers) goes
+  through `common.redact.connection_logger`, as the Realtime connection's does, which removes the key
+  in every one of those forms. Redirects are not followed and proxy environment variables are ignored, so
   the key only ever travels to the approved host.
 - Ids, types and close reasons from the server or an event are untrusted: every log line shows them
   through `listener.text.quote_untrusted` (one quoted, printable token). A handler that raises is
@@ -48,11 +49,12 @@ import traceback
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, quote_plus, urlsplit
+from urllib.parse import urlsplit
 
 from websockets.asyncio.client import connect as _ws_connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from common.redact import connection_logger, scrub_secrets
 from listener.addresses import FORBIDDEN_URL_CHARS, HostError, host_of, is_loopback_target
 from listener.text import quote_untrusted
 
@@ -187,36 +189,18 @@ def full_jitter(delay: float) -> float:
 REDACTED = "<redacted>"
 
 
-def _key_forms(key: str) -> list[str]:
-    """Every way the key can show up in an exception's text: as sent, inside a URL (percent- or
-    plus-encoded), escaped by `repr` or JSON, with its whitespace runs collapsed; longest first."""
-    forms = {key, " ".join(key.split()), quote(key, safe=""), quote_plus(key), repr(key)[1:-1], json.dumps(key)[1:-1]}
-    return sorted((f for f in forms if f), key=len, reverse=True)
-
-
 def _redact(text: str, key: str | None) -> str:
-    """One line for a log or `last_error`: the key (in every form `_key_forms` knows) replaced,
-    whitespace collapsed, at most 300 characters."""
-    line = str(text)
-    forms = _key_forms(key) if key else []
-    for form in forms:
-        line = line.replace(form, REDACTED)
-    line = " ".join(line.split())
-    for form in forms:  # a form that only appears once whitespace is collapsed
-        line = line.replace(form, REDACTED)
+    """One line for a log or `last_error`: the key (in every form `common.redact.secret_forms` knows)
+    replaced, whitespace collapsed, at most 300 characters."""
+    keys = [key] if key else []
+    line = " ".join(scrub_secrets(str(text), keys, REDACTED).split())
+    line = scrub_secrets(line, keys, REDACTED)  # a form that only appears once whitespace is collapsed
     return line if len(line) <= 300 else line[:297] + "..."
 
 
 def _short(value: Any) -> str:
     """A value from the server or an event (an id, a type, a close reason) for a log line."""
     return quote_untrusted(value, 80)
-
-
-class _NoDebug(logging.LoggerAdapter):
-    """websockets logs every upgrade header (the key included) at DEBUG; never let it."""
-
-    def isEnabledFor(self, level: int) -> bool:  # noqa: N802 (logging's name)
-        return level > logging.DEBUG and self.logger.isEnabledFor(level)
 
 
 class NoRedirectConnect(_ws_connect):
@@ -304,7 +288,7 @@ class StreamClient:
         self._good_after = good_after
         self._ping_interval, self._ping_timeout, self._open_timeout = ping_interval, ping_timeout, open_timeout
         self._log = logger or logging.getLogger("listener.stream")
-        self._ws_log = _NoDebug(logging.getLogger(self._log.name + ".websocket"), {})
+        self._ws_log = connection_logger(self._log.name + ".websocket", lambda: [self._last_key or ""])
         self._stats = StreamStats()
         self._task: asyncio.Task | None = None
         self._stopping = False

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from urllib.parse import quote
 
 import pytest
 
-from common.redact import CredentialRedactor, redact
+from common.redact import CredentialRedactor, connection_logger, redact
 
 KEY = "sk-proj-Abc123def456ghi789"
 XKEY = "xai-Zyx987wvu654tsr321"
@@ -62,3 +64,22 @@ def test_the_filter_cleans_args_and_header_pairs():
     rec = logging.LogRecord("x", logging.DEBUG, __file__, 1, "headers %r", ({"Authorization": f"Bearer {OPAQUE}"},), None)
     flt.filter(rec)
     assert OPAQUE not in rec.getMessage()
+
+
+def test_a_connection_log_removes_its_own_key_in_every_form_a_server_could_echo(caplog):
+    key = "sk-live/KEY+with spaces=="
+    log = connection_logger("tests.redact.connection", lambda: [key])
+    caplog.set_level(logging.DEBUG, logger="tests.redact.connection")
+    log.debug("> %s: %s", "Authorization", f"Bearer {key}")  # websockets' header dump
+    log.debug("< Sec-WebSocket-Accept: %s", quote(f"Bearer {key}"))  # echoed back, percent-encoded
+    log.info("closed: %s", json.dumps({"detail": key}))  # JSON-escaped in an error body
+    text = caplog.text
+    assert "Authorization: ***" in text and text.count("***") == 3, text
+    assert all(form not in text for form in (key, quote(key, safe=""), json.dumps(key)[1:-1], "KEY+with"))
+
+
+def test_a_connection_log_without_secrets_still_redacts_credentials(caplog):
+    log = connection_logger("tests.redact.plain")
+    caplog.set_level(logging.DEBUG, logger="tests.redact.plain")
+    log.debug("> %s: %s", "X-Api-Key", "opaque-value-1234")
+    assert "opaque-value-1234" not in caplog.text and "X-Api-Key: ***" in caplog.text

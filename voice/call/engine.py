@@ -21,7 +21,7 @@ from typing import Any
 import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
-from common.redact import redacted_logger
+from common.redact import connection_logger
 from voice import __version__
 from voice.call.actions import PlaybackPosition
 from voice.call.attribution import CallInfo
@@ -63,10 +63,11 @@ Connector = Callable[[str, dict[str, str]], Awaitable[Any]]
 
 
 async def _default_connect(url: str, headers: dict[str, str]) -> ClientConnection:
-    # websockets logs the upgrade request's headers at debug level: route them through a redactor
+    # websockets logs the upgrade request's headers at debug level: redacted, the key in any form removed
     # No permessage-deflate: audio does not compress, and deflating 50 appends a second costs ~60 µs each.
     return await connect(url, additional_headers=headers, max_size=16 * 1024 * 1024, open_timeout=15, close_timeout=2,
-                         compression=None, logger=redacted_logger("voice.realtime.websocket"))
+                         compression=None, logger=connection_logger("voice.realtime.websocket",
+                                                                 lambda: list(headers.values())))
 
 
 class CallEngine:
