@@ -2,29 +2,11 @@
 
 from __future__ import annotations
 
-import numpy as np
-
-from tests.test_call_core import make_core, sent
+from tests.support.call_core import ALICE, BOB, LOUD, QUIET, make_core, sent, speak, turn_of
 from voice.call import events as ev
 from voice.call.attribution import LOCAL_SPEAKER
 from voice.call.core import RunTool
 from voice.call.transports.base import TurnContext
-
-LOUD = (np.sin(np.arange(480) / 3) * 8000).astype("<i2").tobytes()
-QUIET = bytes(960)
-ALICE, BOB = 111111111111111111, 222222222222222222
-
-
-def speak(core, frames: list[tuple[bytes, TurnContext | None]], start: float = 0.0) -> list:
-    out = []
-    for i, (frame, who) in enumerate(frames):
-        out += core.on_user_audio(frame, start + i * 0.02, who)
-    return out
-
-
-def turn_of(*speakers: int, loud: int = 10, quiet: int = 26, names: dict | None = None):
-    who = TurnContext(frozenset(speakers), names or {})
-    return [(LOUD, who)] * loud + [(QUIET, None)] * quiet
 
 
 def create_event(actions) -> dict:

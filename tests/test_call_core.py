@@ -2,86 +2,14 @@
 
 from __future__ import annotations
 
-from tests.support.realtime_schema import validate_client_event
+from tests.support.call_core import Driven, make_core, sent, types
 from voice.call import events as ev
 from voice.call.core import (
     AnnouncementResult,
-    CallCore,
-    CallOptions,
     PlayAudio,
-    PlaybackPosition,
     RunTool,
-    Send,
     StopPlayback,
 )
-from voice.call.providers import OpenAIRealtime, SessionConfig, ToolSpec
-from voice.call.transports.base import TurnContext
-
-
-class Speaker:
-    """What the shell would report: playing or not, and how much of which item went out."""
-
-    def __init__(self) -> None:
-        self.playing = False
-        self.played: dict[str, int] = {}
-
-    def position(self) -> PlaybackPosition:
-        item = next(reversed(self.played), None)
-        return PlaybackPosition(self.playing, item, self.played.get(item, 0) if item else 0)
-
-
-class Driven:
-    """The core as the shell drives it: every entry point gets `now` and the speaker's position."""
-
-    def __init__(self, core: CallCore, speaker: Speaker) -> None:
-        self.core, self.speaker = core, speaker
-
-    def __getattr__(self, name):
-        return getattr(self.core, name)
-
-    def on_provider(self, event, now: float = 0.0):
-        return self.core.on_provider(event, now, self.speaker.position())
-
-    def on_user_audio(self, frame: bytes, now: float = 0.0, context: TurnContext | None = None):
-        return self.core.on_user_audio(frame, now, self.speaker.position(), context)
-
-    def on_tool_result(self, call_id: str, output: str, now: float = 0.0):
-        return self.core.on_tool_result(call_id, output, now, self.speaker.position())
-
-    def announce(self, announcement_id: int, text: str, now: float = 0.0):
-        return self.core.announce(announcement_id, text, now, self.speaker.position())
-
-    def on_reconnected(self, now: float = 0.0):
-        return self.core.on_reconnected(now, self.speaker.position())
-
-    def on_disconnect(self, now: float = 0.0):
-        return self.core.on_disconnect(now)
-
-    def end(self, now: float = 0.0):
-        return self.core.end(now)
-
-    def tick(self, now: float):
-        return self.core.tick(now, self.speaker.position())
-
-
-def make_core(endpointing: str = "server") -> tuple[Driven, Speaker]:
-    speaker = Speaker()
-    provider = OpenAIRealtime("k", "gpt-realtime-2.1-mini", "marin")
-    session = SessionConfig("be brief", "marin", (ToolSpec("t", "d", {"type": "object", "properties": {}}),))
-    core = CallCore(provider, session, CallOptions(endpointing=endpointing))
-    sent(core.start(0.0))
-    return Driven(core, speaker), speaker
-
-
-def sent(actions) -> list[dict]:
-    events = [a.event for a in actions if isinstance(a, Send)]
-    for event in events:
-        validate_client_event(event)
-    return events
-
-
-def types(actions) -> list[str]:
-    return [e["type"] for e in sent(actions)]
 
 
 def created(core: Driven, rid: str, actions_before) -> list:

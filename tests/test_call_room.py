@@ -11,7 +11,8 @@ import base64
 
 import numpy as np
 
-from tests.test_call_core import Driven, Speaker, sent
+from tests.support.call_core import Driven, Speaker, sent
+from tests.support.clock import VirtualClock
 from voice.call import events as ev
 from voice.call.core import (
     CallCore,
@@ -40,12 +41,7 @@ def room(**options) -> tuple[Driven, Speaker]:
     return Driven(core, speaker), speaker
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-
-def play(core: Driven, clock: Clock, schedule: list[set[int]], names: dict[int, str] | None = None) -> list:
+def play(core: Driven, clock: VirtualClock, schedule: list[set[int]], names: dict[int, str] | None = None) -> list:
     """One tick per entry: the members voiced in it send a frame; everyone else sends nothing."""
     out = []
     for who in schedule:
@@ -79,7 +75,7 @@ def creates(actions) -> list[dict]:
     return [e for e in sent(actions) if e["type"] == "response.create"]
 
 
-def answer(core: Driven, rid: str, actions, clock: Clock, *, tool: bool = False) -> list:
+def answer(core: Driven, rid: str, actions, clock: VirtualClock, *, tool: bool = False) -> list:
     """The provider creates the response asked for last in `actions` and finishes it."""
     metadata = creates(actions)[-1]["response"]["metadata"]
     out = core.on_provider(ev.ResponseCreated(rid, metadata), clock.now)
@@ -96,7 +92,7 @@ def origin_of(actions) -> frozenset[int] | None:
 
 def test_two_people_talking_over_each_other_are_two_turns_each_naming_exactly_one_speaker():
     core, _ = room()
-    clock = Clock()
+    clock = VirtualClock()
     # Alice talks for 1 s; Bob starts 200 ms in and stops first.
     out = play(core, clock, [{ALICE}] * 10 + [{ALICE, BOB}] * 20 + [{ALICE}] * 20 + quiet())
     assert context_ids(out) == [ALICE] and kinds(out).count("input_audio_buffer.commit") == 1
@@ -113,7 +109,7 @@ def test_two_people_talking_over_each_other_are_two_turns_each_naming_exactly_on
 
 def test_the_first_speaker_streams_live_and_an_overlapping_speaker_is_buffered_whole_until_their_turn():
     core, _ = room()
-    clock = Clock()
+    clock = VirtualClock()
     out = play(core, clock, [{ALICE}] * 5 + [{ALICE, BOB}] * 15 + quiet())
     events = sent(out)
     commit_at = [e["type"] for e in events].index("input_audio_buffer.commit")
@@ -128,7 +124,7 @@ def test_the_first_speaker_streams_live_and_an_overlapping_speaker_is_buffered_w
 
 def test_a_remark_that_starts_later_is_answered_after_the_earlier_speaker_even_if_it_ends_first():
     core, _ = room()
-    clock = Clock()
+    clock = VirtualClock()
     out = play(core, clock, [{ALICE}] * 5 + [{ALICE, BOB}] * 5 + [{ALICE}] * 60 + quiet())
     assert context_ids(out) == [ALICE]
     assert context_ids(answer(core, "r1", out, clock)) == [BOB]
@@ -136,7 +132,7 @@ def test_a_remark_that_starts_later_is_answered_after_the_earlier_speaker_even_i
 
 def test_ten_people_speaking_at_once_are_ten_turns_in_order_and_none_is_lost():
     core, _ = room()
-    clock = Clock()
+    clock = VirtualClock()
     people = [ALICE + i for i in range(10)]
     out = play(core, clock, [set(people)] * 40 + quiet())
     order = context_ids(out)
@@ -151,7 +147,7 @@ def test_ten_people_speaking_at_once_are_ten_turns_in_order_and_none_is_lost():
 
 def test_a_member_whose_packets_stop_is_a_member_who_stopped():
     core, _ = room()
-    clock = Clock()
+    clock = VirtualClock()
     out = play(core, clock, [{ALICE}] * 20 + quiet(QUIET_TICKS - 2))  # Discord sends nothing in silence
     assert "input_audio_buffer.commit" not in kinds(out)
     out = play(core, clock, quiet(2))
@@ -160,7 +156,7 @@ def test_a_member_whose_packets_stop_is_a_member_who_stopped():
 
 def test_a_monologue_is_cut_at_the_turn_length_cap_so_others_get_their_turn():
     core, _ = room(max_turn_ms=1000)
-    clock = Clock()
+    clock = VirtualClock()
     out = play(core, clock, [{ALICE}] * 10 + [{ALICE, BOB}] * 10 + [{ALICE}] * 70 + quiet())
     order = context_ids(out)
     for n in range(1, 4):
@@ -169,7 +165,7 @@ def test_a_monologue_is_cut_at_the_turn_length_cap_so_others_get_their_turn():
     assert order[:3] == [ALICE, BOB, ALICE] and core.counters["turns_cut"] >= 1
 
 
-def speaking_assistant(core: Driven, speaker: Speaker, clock: Clock) -> list:
+def speaking_assistant(core: Driven, speaker: Speaker, clock: VirtualClock) -> list:
     """Alice asks; the assistant answers and is heard (300 ms played of 2 s received)."""
     out = play(core, clock, [{ALICE}] * 20 + quiet())
     core.on_provider(ev.ResponseCreated("r1", creates(out)[-1]["response"]["metadata"]), clock.now)
@@ -180,7 +176,7 @@ def speaking_assistant(core: Driven, speaker: Speaker, clock: Clock) -> list:
 
 def test_a_cough_over_the_answer_pauses_it_and_it_plays_on_with_the_response_kept():
     core, speaker = room(min_interruption_ms=400)
-    clock = Clock()
+    clock = VirtualClock()
     speaking_assistant(core, speaker, clock)
     cough = play(core, clock, [{BOB}] * 10)  # 200 ms
     assert any(isinstance(a, PausePlayback) for a in cough)
@@ -196,7 +192,7 @@ def test_a_cough_over_the_answer_pauses_it_and_it_plays_on_with_the_response_kep
 
 def test_a_real_interruption_truncates_at_what_was_heard_and_cancels_once_it_lasts():
     core, speaker = room(min_interruption_ms=400)
-    clock = Clock()
+    clock = VirtualClock()
     speaking_assistant(core, speaker, clock)
     start = play(core, clock, [{BOB}] * 15)  # 300 ms: paused, not yet judged
     assert any(isinstance(a, PausePlayback) for a in start) and "response.cancel" not in kinds(start)
@@ -208,7 +204,7 @@ def test_a_real_interruption_truncates_at_what_was_heard_and_cancels_once_it_las
 
 def test_with_no_minimum_any_speech_over_the_assistant_interrupts_at_once():
     core, speaker = room(min_interruption_ms=0)
-    clock = Clock()
+    clock = VirtualClock()
     speaking_assistant(core, speaker, clock)
     start = play(core, clock, [{BOB}] * 3)
     assert any(isinstance(a, StopPlayback) for a in start) and "response.cancel" in kinds(start)
@@ -218,7 +214,7 @@ def addressed_room(**options):
     return room(reply_to="addressed", addressed=lambda text: text.lower().startswith("ares,"), **options)
 
 
-def committed(core: Driven, item: str, text: str | None, clock: Clock) -> list:
+def committed(core: Driven, item: str, text: str | None, clock: VirtualClock) -> list:
     out = core.on_provider(ev.InputCommitted(item), clock.now)
     if text is None:
         return out + core.on_provider(ev.UserTranscriptFailed(item), clock.now)
@@ -227,7 +223,7 @@ def committed(core: Driven, item: str, text: str | None, clock: Clock) -> list:
 
 def test_addressed_mode_commits_every_turn_but_answers_only_the_one_that_names_the_assistant():
     core, _ = addressed_room()
-    clock = Clock()
+    clock = VirtualClock()
     out = play(core, clock, [{ALICE}] * 20 + quiet())
     assert context_ids(out) == [ALICE] and "input_audio_buffer.commit" in kinds(out) and not creates(out)
     out = committed(core, "item_a", "I like turtles", clock)
@@ -241,7 +237,7 @@ def test_addressed_mode_commits_every_turn_but_answers_only_the_one_that_names_t
 
 def test_addressed_mode_answers_the_same_speaker_continuing_soon_after_and_nobody_else():
     core, _ = addressed_room(followup_s=15.0)
-    clock = Clock()
+    clock = VirtualClock()
     play(core, clock, [{BOB}] * 20 + quiet())
     answered = answer(core, "r1", committed(core, "i1", "Ares, what is on today?", clock), clock)
     assert answered is not None
@@ -261,7 +257,7 @@ def test_addressed_mode_answers_the_same_speaker_continuing_soon_after_and_nobod
 
 def test_addressed_mode_leaves_a_turn_unanswered_when_its_words_never_come_and_moves_on():
     core, _ = addressed_room(transcript_wait_s=2.0)
-    clock = Clock()
+    clock = VirtualClock()
     play(core, clock, [{ALICE}] * 20 + quiet())
     core.on_provider(ev.InputCommitted("i1"), clock.now)
     out = play(core, clock, [{BOB}] * 20 + quiet())
@@ -276,7 +272,7 @@ def test_addressed_mode_leaves_a_turn_unanswered_when_its_words_never_come_and_m
 
 def test_addressed_mode_keeps_playing_over_talk_not_meant_for_it_and_stops_for_talk_that_is():
     core, speaker = addressed_room(min_interruption_ms=400)
-    clock = Clock()
+    clock = VirtualClock()
     out = play(core, clock, [{ALICE}] * 20 + quiet())
     out = committed(core, "i1", "Ares, tell me a story", clock)
     core.on_provider(ev.ResponseCreated("r1", creates(out)[-1]["response"]["metadata"]), clock.now)
@@ -295,7 +291,7 @@ def test_addressed_mode_keeps_playing_over_talk_not_meant_for_it_and_stops_for_t
 
 def test_speech_that_started_before_the_answer_never_interrupts_it():
     core, speaker = room(min_interruption_ms=0)
-    clock = Clock()
+    clock = VirtualClock()
     out = play(core, clock, [{ALICE}] * 20 + [{BOB}] * 30)  # Alice's turn ends while Bob talks on
     core.on_provider(ev.ResponseCreated("r1", creates(out)[-1]["response"]["metadata"]), clock.now)
     core.on_provider(ev.AudioDelta("r1", "a1", bytes(48 * 2000)), clock.now)
@@ -306,7 +302,7 @@ def test_speech_that_started_before_the_answer_never_interrupts_it():
 
 def test_a_commit_the_provider_never_confirms_does_not_shift_the_next_turns_words_onto_it():
     core, _ = addressed_room(transcript_wait_s=2.0)
-    clock = Clock()
+    clock = VirtualClock()
     play(core, clock, [{ALICE}] * 20 + quiet())  # Alice's commit is refused: no item, no transcription
     play(core, clock, [{BOB}] * 20 + quiet())
     core.tick(core.wake_at())  # her turn is left unanswered; Bob's is committed

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_call_attribution import LOUD, QUIET, speak, turn_of
-from tests.test_call_core import make_core, sent, types
+from tests.support.call_core import LOUD, QUIET, make_core, sent, speak, turn_of, types
 from voice.call import events as ev
 from voice.call.core import AnnouncementResult, CallState, InvalidState, RecordTurn
 

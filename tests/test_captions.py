@@ -22,6 +22,7 @@ from bot.discord.captions import (
     cut_line,
     discord_length,
 )
+from tests.support.clock import VirtualClock
 from tests.support.fake_discord import FakeDiscord
 from tests.support.fake_discord.checks import pinged
 from tests.support.fake_discord.pointing import gateway_client
@@ -269,21 +270,6 @@ def test_random_traffic_shows_every_line_once_in_order_within_the_rate_limits(se
 # -- the thread on (fake) Discord ------------------------------------------------------------------
 
 
-class VirtualClock:
-    """Seconds that pass only when the captions worker sleeps (or the test moves them); the fake's
-    write limit reads the same clock, so Discord's side of the pacing is checked without waiting."""
-
-    def __init__(self, now: float = 1_000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, seconds: float) -> None:
-        self.now += max(0.0, seconds)
-        await asyncio.sleep(0)
-
-
 def bot_in(fake: FakeDiscord):
     """A discord.py client on the fake (REST and gateway), once it has cached the guild."""
     return gateway_client(fake, timeout=WAIT_S)
@@ -317,7 +303,7 @@ def assert_paced(fake: FakeDiscord) -> None:
 
 
 async def test_captions_start_a_public_thread_under_the_channel_named_after_the_call():
-    clock = VirtualClock()
+    clock = VirtualClock(1_000.0, auto=True)
     async with FakeDiscord(clock=clock) as fake, bot_in(fake) as guild:
         captions = captions_for(guild, fake, clock)
         before = captions.status()
@@ -334,7 +320,7 @@ async def test_captions_start_a_public_thread_under_the_channel_named_after_the_
 
 
 async def test_a_burst_of_30_lines_is_all_visible_in_two_messages_without_a_429():
-    clock = VirtualClock()
+    clock = VirtualClock(1_000.0, auto=True)
     said = [(("user", "Alice"), ("user", "Bob"), ("assistant", None))[i % 3] + (f"turn {i}: " + "words " * 15,)
             for i in range(30)]
     async with FakeDiscord(clock=clock) as fake, bot_in(fake) as guild:
@@ -358,7 +344,7 @@ async def test_a_burst_of_30_lines_is_all_visible_in_two_messages_without_a_429(
 async def test_lines_trickling_in_are_each_shown_by_paced_edits_and_new_messages():
     """Each line waits until it is visible before the next is spoken: ~30 requests, paced by the core on
     the clock the fake's write limit reads, across several messages as each turns 10 s old."""
-    clock = VirtualClock()
+    clock = VirtualClock(1_000.0, auto=True)
     async with FakeDiscord(clock=clock) as fake, bot_in(fake) as guild:
         captions = captions_for(guild, fake, clock)
         await captions.start()
@@ -378,7 +364,7 @@ async def test_lines_trickling_in_are_each_shown_by_paced_edits_and_new_messages
 
 
 async def test_one_long_turn_after_another_stays_within_five_posts_per_five_seconds():
-    clock = VirtualClock()
+    clock = VirtualClock(1_000.0, auto=True)
     async with FakeDiscord(clock=clock) as fake, bot_in(fake) as guild:
         captions = captions_for(guild, fake, clock)
         await captions.start()
@@ -395,7 +381,7 @@ async def test_one_long_turn_after_another_stays_within_five_posts_per_five_seco
 
 
 async def test_hostile_names_and_words_are_escaped_and_ping_nobody():
-    clock = VirtualClock()
+    clock = VirtualClock(1_000.0, auto=True)
     hostile = [("**@everyone** [click](https://evil)", "hi <@123> @here"),
                ("<@&456>", "[free nitro](https://evil) <#1> ||x||"),
                ("Mal\nlory\u200b", "@every\u200bone\n# not a heading"),
@@ -419,7 +405,7 @@ async def test_hostile_names_and_words_are_escaped_and_ping_nobody():
 
 
 async def test_without_create_public_threads_captions_fail_once_and_add_never_raises(caplog):
-    clock = VirtualClock()
+    clock = VirtualClock(1_000.0, auto=True)
     caplog.set_level(logging.INFO, logger="bot.discord.captions")
     async with FakeDiscord(clock=clock) as fake:
         await fake.deny_bot(fake.text_channel, CREATE_PUBLIC_THREADS)  # in GUILD_CREATE's overwrites
@@ -442,7 +428,7 @@ async def test_without_create_public_threads_captions_fail_once_and_add_never_ra
 
 
 async def test_without_send_messages_in_threads_no_empty_thread_is_left_behind():
-    clock = VirtualClock()
+    clock = VirtualClock(1_000.0, auto=True)
     async with FakeDiscord(clock=clock) as fake:
         await fake.deny_bot(fake.text_channel, SEND_MESSAGES_IN_THREADS)
         async with bot_in(fake) as guild:
@@ -459,7 +445,7 @@ async def test_without_send_messages_in_threads_no_empty_thread_is_left_behind()
 
 @pytest.mark.parametrize("failure, reason", [("forbidden", "Missing Permissions"), ("unknown", "Unknown Channel")])
 async def test_a_thread_that_stops_taking_posts_ends_the_captions_not_the_call(failure, reason, caplog):
-    clock = VirtualClock()
+    clock = VirtualClock(1_000.0, auto=True)
     async with FakeDiscord(clock=clock) as fake, bot_in(fake) as guild:
         captions = captions_for(guild, fake, clock)
         thread = await captions.start()

@@ -11,8 +11,7 @@ import discord
 from bot.cli import doctor
 from bot.settings import check_settings
 from tests.support.fake_hermes import FakeHermes
-from tests.test_runs_harness import FAKE_AGENT
-from tests.test_runs_hermes import KEY, free_port
+from tests.support.runs import FAKE_AGENT, KEY, free_port
 
 
 def rows(variables: dict[str, str]) -> dict[str, doctor.Check]:

@@ -24,8 +24,8 @@ from tests.support.calls import FACT, PLANTED
 from tests.support.fake_realtime import AudioReply, FakeRealtime
 from tests.support.fake_smartnumbers import FakeSmartnumbers
 from tests.support.fake_text_model import FakeTextModel
-from tests.test_runs_harness import FAKE_AGENT
-from tests.test_talk_file_mode import write_conversation_wav
+from tests.support.runs import FAKE_AGENT
+from tests.support.wavs import write_conversation_wav
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "sn-listener-key-NEVER-SHOWN"

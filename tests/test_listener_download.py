@@ -21,6 +21,7 @@ from cryptography.x509.oid import NameOID
 import listener.download as dl
 from listener.addresses import UnsafeTranscriptURL, check_transcript_url, vet_address
 from listener.download import TranscriptDownloadError, download_transcript
+from tests.support.clock import VirtualClock
 
 NOW = dt.datetime(2025, 6, 1, 12, 0, tzinfo=dt.UTC)
 HOST = "transcripts.test"
@@ -659,16 +660,6 @@ async def test_default_resolver_is_used_for_localhost():
 MIB = 1024 * 1024
 
 
-class FakeClock:
-    """The deadline's clock; the trickling server moves it on as it sends."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def downloader(server: Server, client_ctx, **kw) -> dl.TranscriptDownloader:
     kw.setdefault("resolver", FakeResolver(["127.0.0.1"]))
     kw.setdefault("vet", vet_allowing("127.0.0.1"))
@@ -726,7 +717,7 @@ async def test_a_download_holds_one_copy_of_its_body(tls_server, client_ctx):
 
 
 async def test_a_host_that_trickles_is_cut_off_at_the_total_deadline(tls_server, client_ctx):
-    clock = FakeClock()
+    clock = VirtualClock()
 
     async def trickle(writer: asyncio.StreamWriter) -> None:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 400\r\nConnection: close\r\n\r\n")

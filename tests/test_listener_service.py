@@ -33,12 +33,12 @@ from bot.services import open_home_store
 from listener.callbacks import Callbacks
 from runs import Delivery
 from tests.support.calls import FACT, PLANTED
+from tests.support.discord_service import OPENAI_KEY, settings_for
 from tests.support.fake_discord import FakeDiscord, point_discord_py_at
 from tests.support.fake_discord.objects import Channel
 from tests.support.fake_smartnumbers import FakeSmartnumbers
 from tests.support.fake_text_model import FakeTextModel
-from tests.test_runs_harness import FAKE_AGENT, SAFETY_S
-from tests.test_service_commands import OPENAI_KEY, settings_for
+from tests.support.runs import FAKE_AGENT, SAFETY_S
 
 KEY = "sn-service-key-NEVER-SHOWN"
 NEW_KEY = "sn-rotated-key-NEVER-SHOWN"

@@ -11,8 +11,8 @@ from listener.archive import Archive
 from listener.callbacks import Callbacks
 from listener.model import Transcript, user_label_for
 from tests.support.calls import call
+from tests.support.discord_service import service
 from tests.support.fake_discord import EPHEMERAL
-from tests.test_service_commands import service
 
 NOW = 1_750_000_000.0
 

@@ -20,6 +20,7 @@ from listener.stream import (
     check_key,
     check_stream_url,
 )
+from tests.support.clock import VirtualClock
 from tests.support.fake_smartnumbers import FakeSmartnumbers, direct_transcript_event, transcript_url_event
 
 KEY = "sk-stream-SECRET-7f3a9c"
@@ -52,14 +53,6 @@ class Sleeper:
         async with asyncio.timeout(5):
             while len(self.delays) < n:
                 await self._changed.wait()
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 class Handler:
@@ -169,7 +162,7 @@ async def make_client():
     def make(fake: FakeSmartnumbers, **overrides: Any) -> StreamClient:
         options: dict[str, Any] = dict(
             key=lambda: KEY, allowed_hosts=LOOPBACK, allow_insecure_local=True, handle=Handler(),
-            client_name="switchboard-test", jitter=lambda d: d, sleep=Sleeper(), clock=Clock(),
+            client_name="switchboard-test", jitter=lambda d: d, sleep=Sleeper(), clock=VirtualClock(1000.0),
         )
         options.update(overrides)
         client = StreamClient(fake.url, **options)
@@ -440,7 +433,7 @@ async def test_the_jitter_shapes_every_delay(fake, make_client):
 
 
 async def test_a_good_connection_resets_the_backoff_and_a_short_silent_one_does_not(fake, make_client):
-    clock = Clock()
+    clock = VirtualClock(1000.0)
     current = {"key": "wrong"}
 
     def fix_key(n: int, _delay: float) -> None:

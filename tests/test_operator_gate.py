@@ -20,8 +20,8 @@ from common.store import open_store
 from runs import RunsConfig, RunService
 from runs.repository import MIGRATIONS
 from tests.support.fake_realtime import AudioReply, FakeRealtime, ToolCallReply
+from tests.support.runs import FAKE_AGENT, SAFETY_S
 from tests.support.speech import speech_frames
-from tests.test_runs_harness import FAKE_AGENT, SAFETY_S
 from voice.call.attribution import UNKNOWN, Attribution, CallInfo
 from voice.call.core import CallOptions
 from voice.call.engine import CallEngine

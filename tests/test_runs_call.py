@@ -18,10 +18,11 @@ from runs import Delivery, RunsConfig, RunService, RunState, TerminalSink
 from runs.repository import MIGRATIONS
 from tests.support.fake_hermes import FakeHermes
 from tests.support.fake_realtime import AudioReply, FakeRealtime, ToolCallReply, silence_pcm16, tone_pcm16
+from tests.support.paths import ROOT
+from tests.support.runs import FAKE_AGENT, SAFETY_S
+from tests.support.runs import KEY as HERMES_KEY
 from tests.support.virtual_transport import VirtualTransport
-from tests.test_runs_harness import FAKE_AGENT, SAFETY_S
-from tests.test_runs_hermes import KEY as HERMES_KEY
-from tests.test_talk_file_mode import ROOT, write_wav
+from tests.support.wavs import write_wav
 from voice.call.core import CallOptions
 from voice.call.engine import CallEngine
 from voice.call.identity import Identity

@@ -14,9 +14,7 @@ from bot.settings import check_settings
 from runs import RunsConfig, RunState
 from runs.procs import process_token
 from tests.support.fake_hermes import FakeHermes
-from tests.test_runs_harness import ProcessWatch, agent_command, read_fifo
-from tests.test_runs_hermes import KEY
-from tests.test_runs_service import accepted, harness
+from tests.support.runs import KEY, ProcessWatch, accepted, agent_command, harness, read_fifo
 
 
 def parse(*argv: str) -> argparse.Namespace:

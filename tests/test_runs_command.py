@@ -20,7 +20,8 @@ from runs.agent_command import (
 from runs.config import RunsConfig
 from runs.core import Finished, RunState, RunTicket
 from runs.lanes import CommandLane, LaneError
-from tests.test_runs_harness import SAFETY_S, ProcessWatch, VirtualTime, agent_command, read_fifo
+from tests.support.clock import VirtualClock
+from tests.support.runs import SAFETY_S, ProcessWatch, agent_command, read_fifo
 
 
 def ticket(task: str = "audit the auth module", **kw) -> RunTicket:
@@ -28,7 +29,7 @@ def ticket(task: str = "audit the auth module", **kw) -> RunTicket:
                      updated_at=0.0, **kw)
 
 
-def lane(command, *, vt: VirtualTime | None = None, **config) -> CommandLane:
+def lane(command, *, vt: VirtualClock | None = None, **config) -> CommandLane:
     cfg = RunsConfig(command=tuple(command), **config)
     return CommandLane(cfg, sleep=vt.sleep if vt else asyncio.sleep)
 
@@ -180,7 +181,7 @@ def test_every_variable_settings_reads_a_secret_from_is_withheld_from_the_agent(
 async def test_stop_terminates_the_whole_process_group(tmp_path):
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
-    vt = VirtualTime()
+    vt = VirtualClock(1_750_000_000.0)
     agent = lane(agent_command("hang", "--ready", str(fifo)), vt=vt)
     t = ticket()
     await agent.start(t)
@@ -204,7 +205,7 @@ async def test_stop_terminates_the_whole_process_group(tmp_path):
 async def test_an_agent_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path):
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
-    vt = VirtualTime()
+    vt = VirtualClock(1_750_000_000.0)
     agent = lane(agent_command("hang", "--ignore-term", "--ready", str(fifo)), vt=vt, stop_grace_s=5)
     t = ticket()
     await agent.start(t)

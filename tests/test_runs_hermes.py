@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import httpx
 import pytest
@@ -19,10 +18,9 @@ from runs.core import (
     RunTicket,
 )
 from runs.lanes import HermesApiLane, LaneError
+from tests.support.clock import VirtualClock
 from tests.support.fake_hermes import DEFAULT_FEATURES, FakeHermes
-from tests.test_runs_harness import SAFETY_S, VirtualTime
-
-KEY = "sk-hermes-test"
+from tests.support.runs import KEY, SAFETY_S, free_port
 
 
 def ticket(**kw) -> RunTicket:
@@ -34,12 +32,6 @@ def ticket(**kw) -> RunTicket:
 
 def lane_for(fake: FakeHermes, key: str | None = KEY, **kw) -> HermesApiLane:
     return HermesApiLane(RunsConfig(hermes_url=fake.url, hermes_key=key, poll_interval_s=5), **kw)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Collector:
@@ -187,7 +179,7 @@ class LoseFirstResponse(httpx.AsyncBaseTransport):
 
 
 async def test_a_submission_whose_answer_was_lost_is_retried_without_starting_a_second_run():
-    vt = VirtualTime()
+    vt = VirtualClock(1_750_000_000.0)
     transport = LoseFirstResponse()
     async with FakeHermes(key=KEY) as fake, httpx.AsyncClient(transport=transport) as client:
         lane = lane_for(fake, client=client, sleep=vt.sleep)
@@ -237,7 +229,7 @@ async def test_events_become_progress_approval_and_completion(sse_event_field):
 
 
 async def test_a_dropped_stream_is_reconciled_with_the_run_status():
-    vt = VirtualTime()
+    vt = VirtualClock(1_750_000_000.0)
     async with FakeHermes(key=KEY) as fake:
         lane = lane_for(fake, sleep=vt.sleep)
         run_id = await lane.start(ticket())
@@ -261,7 +253,7 @@ async def test_a_dropped_stream_is_reconciled_with_the_run_status():
 async def test_more_runs_than_stream_connections_all_start_and_finish_and_requests_still_go_through():
     """Four stream connections and four request connections: six runs at once all start and finish
     (four over their event stream, two by their status), and a seventh request is not starved."""
-    vt = VirtualTime()
+    vt = VirtualClock(1_750_000_000.0)
     async with FakeHermes(key=KEY) as fake:
         lane = lane_for(fake, sleep=vt.sleep, stream_limit=4, request_limit=4)
         runs, seen, follows = [], [], []

@@ -4,78 +4,35 @@ agent subprocesses; time is virtual, calls and the sink record what they were gi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sqlite3
-from collections.abc import AsyncIterator
 
 import pytest
 
-from common.store import DB_FILENAME, open_store
+from common.store import DB_FILENAME
 from runs import (
-    MIGRATIONS,
-    Delivery,
     Refused,
     RunsConfig,
-    RunService,
     RunState,
     SteerState,
     StopOutcome,
     UnknownRun,
 )
 from runs.core import TERMINAL
+from tests.support.clock import VirtualClock
 from tests.support.fake_hermes import FakeHermes
-from tests.test_runs_harness import (
+from tests.support.runs import (
+    KEY,
     SAFETY_S,
+    Harness,
     ProcessWatch,
     RecordingCall,
-    RecordingSink,
-    VirtualTime,
+    accepted,
     agent_command,
+    harness,
     read_fifo,
 )
-from tests.test_runs_hermes import KEY, free_port
-
-
-class Harness:
-    def __init__(self, service: RunService, vt: VirtualTime, sink: RecordingSink, call: RecordingCall) -> None:
-        self.service, self.vt, self.sink, self.call = service, vt, sink, call
-
-    async def until(self, run_id: int, predicate):
-        return await asyncio.wait_for(self.service.wait_until(run_id, predicate), SAFETY_S)
-
-    async def delivered(self, run_id: int):
-        return await self.until(run_id, lambda t: t.delivery is Delivery.DELIVERED)
-
-    async def notes(self, run_id: int, predicate):
-        return await asyncio.wait_for(self.service.wait_receipts(run_id, predicate), SAFETY_S)
-
-
-@contextlib.asynccontextmanager
-async def harness(tmp_path, *, fake: FakeHermes | None = None, lanes=("hermes-api", "command"),
-                  command=None, vt: VirtualTime | None = None, owner: str | None = None, attach: bool = True,
-                  crash: bool = False, secrets: tuple[str, ...] = (), **config) -> AsyncIterator[Harness]:
-    vt = vt or VirtualTime()
-    url = fake.url if fake else f"http://127.0.0.1:{free_port()}"
-    cfg = RunsConfig(lanes=tuple(lanes), hermes_url=url, hermes_key=KEY,
-                     command=tuple(command or agent_command("answer")), **config)
-    store = await open_store(tmp_path / "home", MIGRATIONS)
-    sink, call = RecordingSink(), RecordingCall()
-    service = RunService(store, cfg, sink=sink, clock=vt.clock, sleep=vt.sleep, owner=owner, secrets=secrets)
-    if attach:
-        service.attach(call)
-    await service.start()
-    try:
-        yield Harness(service, vt, sink, call)
-    finally:
-        await service.close(settle_unwatchable=not crash)
-        await store.close()
-
-
-async def accepted(h: Harness, run_id: int):
-    return await h.until(run_id, lambda t: t.external_id is not None or t.terminal)
-
 
 # -- delegating ------------------------------------------------------------------------------------
 
@@ -368,7 +325,7 @@ async def test_a_restart_reconciles_every_run_the_crashed_instance_left(tmp_path
     os.mkfifo(fifo)
     hang = agent_command("hang", "--ready", str(fifo))
     async with FakeHermes(key=KEY) as fake:
-        vt = VirtualTime()
+        vt = VirtualClock(1_750_000_000.0)
         async with harness(tmp_path, fake=fake, vt=vt, command=hang, owner="old-host:1:1:dead",
                            crash=True) as first:
             for task in ("finishes meanwhile", "fails meanwhile", "still going"):

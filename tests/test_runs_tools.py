@@ -6,8 +6,7 @@ import json
 from types import SimpleNamespace
 
 from bot.tools.runs import run_tools, speaker_of
-from tests.test_runs_harness import agent_command
-from tests.test_runs_service import harness
+from tests.support.runs import agent_command, harness
 from voice.call.attribution import Attribution
 from voice.call.tools import AllowKnownSpeakers, ToolCall, ToolCatalogue, ToolRefused
 

@@ -16,7 +16,7 @@ from bot.cli.main import main
 from bot.services import STORE_MIGRATIONS
 from bot.settings import check_settings
 from common.store import DB_FILENAME, Migration, open_store
-from tests.test_store import damage
+from tests.support.store import damage
 
 COMMANDS = {
     "runs": ["runs", "list"],

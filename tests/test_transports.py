@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import heapq
 import inspect
 import math
 import sys
@@ -16,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from tests.support.clock import VirtualClock
 from voice.audio import read_wav, rms_dbfs
 from voice.call.attribution import LOCAL_SPEAKER
 from voice.call.transports.base import FRAME_BYTES, CallTransport
@@ -55,37 +55,6 @@ class Recorder:
     def on_playback_idle(self) -> None:
         self.events.append(("idle", None))
         self.threads.add(threading.get_ident())
-
-
-class VirtualClock:
-    """Loop-friendly virtual time: sleepers wake in deadline order as the test advances the clock."""
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self._sleepers: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._seq = 0
-
-    def __call__(self) -> float:
-        return self.now
-
-    async def sleep(self, delay: float) -> None:
-        if delay <= 0:
-            await asyncio.sleep(0)
-            return
-        fut = asyncio.get_running_loop().create_future()
-        self._seq += 1
-        heapq.heappush(self._sleepers, (self.now + delay, self._seq, fut))
-        await fut
-
-    async def advance(self, seconds: float) -> None:
-        end = self.now + seconds
-        while self._sleepers and self._sleepers[0][0] <= end + 1e-9:
-            deadline, _, fut = heapq.heappop(self._sleepers)
-            self.now = max(self.now, deadline)
-            fut.set_result(None)
-            for _ in range(5):  # let the woken task run up to its next sleep
-                await asyncio.sleep(0)
-        self.now = end
 
 
 # -- PacedSpeaker --------------------------------------------------------------------------------
@@ -251,9 +220,9 @@ async def test_file_playback_runs_on_a_20ms_schedule_and_reports_on_the_loop(tmp
     await asyncio.sleep(0)
     transport.play(tone(300, 100), "a")
     transport.finish_item("a")
-    await clock.advance(0.061)
+    await clock.run_for(0.061)
     assert transport.played_ms("a") == 60 and transport.is_playing()
-    await clock.advance(0.06)
+    await clock.run_for(0.06)
     assert transport.played_ms("a") == 100 and rec.events == [("started", "a"), ("idle", None)]
     assert rec.threads == {threading.get_ident()}
     await transport.aclose()
