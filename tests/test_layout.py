@@ -5,7 +5,8 @@
 - `common` imports none of the domains;
 - inside `voice`, the call engine (`voice/call`) never imports Discord media;
 - no import cycles between modules, imports made only for type checking included;
-- no module imports another module's private names (`from x import _y`).
+- no module imports another module's private names (`from x import _y`);
+- a test module never imports another test module: what tests share lives in `tests/support`.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ print(json.dumps(out))
 
 
 def module_name(path: Path) -> str:
+    """`bot/cli/run.py` → `bot.cli.run`; a package's `__init__.py` is the package."""
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
@@ -149,6 +151,13 @@ def test_no_module_imports_another_modules_private_names():
     private = [f"{m} imports {t}.{n}" for m, found in sorted(IMPORTS.items()) for t, n in found
                if n is not None and n.startswith("_") and not n.startswith("__") and top(t) in OURS]
     assert private == []
+
+
+def test_test_modules_share_only_through_tests_support():
+    found = scan((ROOT / "tests").rglob("test_*.py"))
+    shared = [f"{m} imports {t}" for m, imports in sorted(found.items()) for t, _ in imports
+              if t.startswith("tests.") and t.rsplit(".", 1)[-1].startswith("test_")]
+    assert shared == []
 
 
 # -- the checks above can fail: each finds what it looks for -------------------------------------------
