@@ -6,7 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from tests.support.discord_room import ONE_ROOM_AT_A_TIME, WAIT_S, in_voice, join_and_settle, room, say
+from tests.support.discord_room import (
+    ONE_ROOM_AT_A_TIME,
+    WAIT_S,
+    dave_settled,
+    in_voice,
+    join_and_settle,
+    room,
+    say,
+)
 from tests.support.fake_realtime import AudioReply, ToolCallReply
 
 pytestmark = ONE_ROOM_AT_A_TIME
@@ -79,6 +87,7 @@ async def test_a_guest_with_the_operators_name_is_refused_and_an_overlap_is_two_
         await say(r, r.gus)
         await r.realtime.wait_for(lambda: len(r.outputs()) >= 2, WAIT_S)
         await r.fake.join_voice(r.olive)
+        await dave_settled(r)  # the bot holds olive's key (and gus's new one) before either speaks
         await say(r, r.olive, r.gus)  # operator and guest at once: each is their own turn
         await r.realtime.wait_for(lambda: len(r.outputs()) >= 6, WAIT_S)
     outputs = r.outputs()

@@ -17,6 +17,10 @@ from tests.support.fake_discord.pointing import gateway_client, shut_down_like_c
 from tests.support.packets import dominant_frequency, opus_frames
 from voice.media.discord_client import ListeningVoiceClient
 
+# The voice tests share one bot process (`voice_rig_module`): one worker runs them all, in order. It is a bare
+# discord.py client, no `switchboard run` with a fake Realtime, so it may overlap ONE_ROOM_AT_A_TIME.
+pytestmark = pytest.mark.xdist_group("fake_discord_voice_rig")
+
 
 def talk_client() -> tuple[discord.Client, list[tuple[int, str]]]:
     """A plain discord.py Client with `/talk status` in an app_commands.Group, synced in setup_hook."""

@@ -514,10 +514,12 @@ async def test_redirect_is_refused_and_not_followed(tls_server, client_ctx):
 async def test_dns_answer_that_changes_is_not_asked_twice(pki, tmp_path, client_ctx):
     # 127.0.0.2 stands in for the public address the name had at check time; 127.0.0.1 is what a
     # rebinding attacker's DNS would answer next. A trap listens there on the same port.
-    good = Server(reply=ok(b"the real transcript"))
-    await good.start("127.0.0.2", _server_ctx(pki.good, tmp_path, good.sni))
+    # The trap binds first: the port the OS gives on 127.0.0.1 is free there (busy machines and parallel
+    # tests use 127.0.0.1, hardly ever 127.0.0.2).
     trap = Server(reply=ok(b"internal secrets"))
-    await trap.start("127.0.0.1", _server_ctx(pki.good, tmp_path, trap.sni), port=good.port)
+    await trap.start("127.0.0.1", _server_ctx(pki.good, tmp_path, trap.sni))
+    good = Server(reply=ok(b"the real transcript"))
+    await good.start("127.0.0.2", _server_ctx(pki.good, tmp_path, good.sni), port=trap.port)
     try:
         resolver = FakeResolver(["127.0.0.2"], ["127.0.0.1"])
         body = await download_transcript(

@@ -421,3 +421,27 @@ async def test_a_read_never_sees_what_another_task_has_not_committed(tmp_path):
     finally:
         finish.set()
         await store.close()
+
+
+async def test_a_transaction_cancelled_while_its_begin_waits_is_rolled_back_and_the_next_one_starts(tmp_path):
+    store = await open_store(tmp_path / "home", [Migration("notes", 1, "CREATE TABLE notes (text TEXT);")])
+    try:
+        entered = asyncio.Event()
+
+        async def write() -> None:
+            async with store.transaction() as conn:
+                entered.set()
+                await conn.execute("INSERT INTO notes (text) VALUES ('never')")
+
+        for turns in range(4):  # cancelled before, during and after its BEGIN reached the writer's thread
+            task = asyncio.create_task(write())
+            for _ in range(turns):
+                await asyncio.sleep(0)
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            async with store.transaction() as conn:  # "cannot start a transaction within a transaction" before
+                await conn.execute("SELECT 1")
+        assert not store.db.in_transaction
+        assert await store.fetchall("SELECT * FROM notes") == []  # nothing cancelled was committed
+    finally:
+        await store.close()

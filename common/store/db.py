@@ -191,8 +191,10 @@ class Store:
         lock, so a read-then-write inside it is atomic across processes. Keep it short: no network,
         no model calls inside."""
         async with self._write_lock:
-            await self._retry(lambda: self.db.execute("BEGIN IMMEDIATE"))
             try:
+                # Inside the try: a task cancelled while its BEGIN waits on the writer's thread still
+                # begins, and must still be rolled back.
+                await self._retry(lambda: self.db.execute("BEGIN IMMEDIATE"))
                 yield self.db
                 await self.db.execute("COMMIT")
             except BaseException as exc:
@@ -205,7 +207,10 @@ class Store:
                 raise
 
     async def _rollback(self) -> None:
-        if self.db.in_transaction:
+        # Unconditionally, queued behind whatever this connection was asked before (a BEGIN still
+        # waiting on the writer's thread included): `in_transaction`, read here on the loop, could
+        # say no for a BEGIN that has not run yet. With no transaction open, SQLite refuses; fine.
+        with contextlib.suppress(sqlite3.OperationalError):
             await self.db.execute("ROLLBACK")
 
     async def execute(self, sql: str, params: Sequence = ()) -> int:

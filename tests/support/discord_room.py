@@ -41,8 +41,9 @@ WAIT_S = 30.0
 FRAME_S = 0.02
 MAX_BURST_FRAMES = 15  # the bot keeps 25 frames (500 ms) per member; a longer burst would be shed
 
-# Mark a module that uses `room` with it: two rooms at once (two bot processes pacing real-time audio on
-# different xdist workers) starve each other on a small machine, so rooms run one after another.
+# The mark of every module that uses `room`: two bot processes pacing real-time audio against a fake
+# Discord and a fake Realtime on different xdist workers starve each other on a small machine, so with
+# `--dist loadgroup` (pyproject.toml) rooms run one after another, on one worker.
 ONE_ROOM_AT_A_TIME = pytest.mark.xdist_group("discord_room")
 
 

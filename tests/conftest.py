@@ -1,0 +1,52 @@
+"""Suite-wide settings for parallel runs (`-n`, pyproject.toml): the `xdist_group` marks take effect under
+pytest 9.2, and the tests that pace real-time audio through a bot process get the CPU first."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from _pytest.nodeid import NodeId
+
+# The xdist groups of the tests that pace real-time audio through a bot process (`discord_room.room`, the
+# fake Discord's voice rig): their timing is what they test; every other test only needs the CPU eventually.
+REAL_TIME_GROUPS = frozenset({"discord_room", "fake_discord_voice_rig"})
+YIELDING_NICENESS = 10
+_yielding = pytest.StashKey[bool]()
+
+
+def _groups(item: pytest.Item) -> set[str]:
+    return {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+            for mark in item.iter_markers("xdist_group")}
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """With `--dist loadgroup`, pytest-xdist 3.8 tells its scheduler a test's group by renaming the test
+    `NODEID@GROUP` on the worker, but it writes `item._nodeid`, which pytest 9.2's structured node ids
+    no longer read (pytest-dev/pytest-xdist#1386): every group would be scattered over the workers
+    without a word. Rename them as xdist means to, and stop the run if even that does not take."""
+    if not getattr(config.option, "loadgroup", False):  # set on xdist workers by `--dist loadgroup`
+        return
+    for item in items:
+        if not (groups := _groups(item)):
+            continue
+        suffix = f"@{'_'.join(sorted(groups))}"
+        if not item.nodeid.endswith(suffix):
+            item._id = NodeId.parse(item.nodeid + suffix)
+        if not item.nodeid.endswith(suffix):
+            raise pytest.UsageError(f"{item.nodeid}: its xdist_group does not reach the scheduler; the tests "
+                                    "that must not overlap would run at once (see tests/conftest.py)")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """On an xdist worker, the first test outside REAL_TIME_GROUPS lowers the worker's CPU priority (and so
+    its children's) for the rest of the run: on two cores, a room's bot process then never waits behind
+    another worker's busy test. A group is its worker's first work, so a real-time group runs at normal
+    priority; a process may lower its own priority, but not raise it again."""
+    config = item.config
+    if not hasattr(config, "workerinput") or config.stash.get(_yielding, False) or _groups(item) & REAL_TIME_GROUPS:
+        return
+    os.nice(YIELDING_NICENESS)
+    config.stash[_yielding] = True
