@@ -17,7 +17,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.paths import ROOT
+
 OURS = ("bot", "voice", "runs", "listener", "common")
 DOMAINS = ("voice", "runs", "listener")
 

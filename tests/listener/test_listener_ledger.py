@@ -16,8 +16,9 @@ from bot.services import STORE_MIGRATIONS
 from common.store import open_store
 from listener.ledger import ExecutionLedger, process_alive, process_owner
 from runs.repository import RunRepository
+from tests.support.paths import SUPPORT
 
-HELPER = str(Path(__file__).resolve().parent / "support" / "ledger_claim.py")
+HELPER = str(SUPPORT / "ledger_claim.py")
 KEY = '["command","call_1","turn",0]'
 NOW = 1_750_000_000.0
 

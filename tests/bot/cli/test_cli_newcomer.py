@@ -17,10 +17,10 @@ import pytest
 from bot.cli import talk
 from bot.cli.main import main
 from tests.support.cli import switchboard
+from tests.support.paths import ROOT
 from voice.call.telemetry import Telemetry, TurnRecord
 
 SECRET = "sk-newcomer-secret-never-printed-99"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def write_wav(path: Path, seconds: float = 0.2, rate: int = 16_000) -> Path:

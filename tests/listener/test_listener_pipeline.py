@@ -15,6 +15,7 @@ from listener.download import TranscriptDownloadError
 from listener.extract import ExtractionError
 from listener.memory import Memory
 from listener.pipeline import TranscriptPipeline
+from tests.support.paths import SUPPORT
 
 NOW = 1_750_000_000.0
 
@@ -370,7 +371,7 @@ def test_payload_fields_and_huge_turns_stay_inside_the_fence():
 
 # -- a crash between claiming a job and recording its run ------------------------------------------
 
-CRASHING = str(__import__("pathlib").Path(__file__).resolve().parent / "support" / "listener_crash.py")
+CRASHING = str(SUPPORT / "listener_crash.py")
 CRASH_EVENT = {"conversation_id": "call_crash", "event_id": "evt_crash_again", "source": "local",
                "metadata": {"direction": "outbound", "from": "+15550001", "to": "+15550002"},
                "turns": [{"speaker": "FROM", "text": "Ares, book the plumber for Friday."}]}

@@ -24,10 +24,10 @@ from tests.support.calls import FACT, PLANTED
 from tests.support.fake_realtime import AudioReply, FakeRealtime
 from tests.support.fake_smartnumbers import FakeSmartnumbers
 from tests.support.fake_text_model import FakeTextModel
+from tests.support.paths import ROOT
 from tests.support.runs import FAKE_AGENT
 from tests.support.wavs import write_conversation_wav
 
-ROOT = Path(__file__).resolve().parent.parent
 KEY = "sn-listener-key-NEVER-SHOWN"
 TEXT_KEY = "sk-text-model-NEVER-SHOWN"
 CALL = """1

@@ -24,8 +24,8 @@ from bot.services import STORE_MIGRATIONS
 from common.store import DB_FILENAME, open_store
 from listener.callbacks import Callbacks, MutationTokens
 from tests.support.fake_smartnumbers import FakeSmartnumbers
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 KEY = "sn-listener-key-processes"
 CALLS = 100  # each offered to both listeners: 200 deliveries, 200 jobs
 JOBS_PER_CALL = 2  # the review, and the user's named command

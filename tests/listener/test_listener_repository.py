@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from listener.repository import MIGRATIONS
+from tests.support.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 OWNERS = {"listener/repository.py", "runs/repository.py"}  # the repository modules: statements belong there
 
 # Every string literal of each file, an f-string's parts joined around `{}`, with its line. Parsed in a

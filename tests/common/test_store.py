@@ -11,6 +11,7 @@ import pytest
 from common.store import DB_FILENAME, Migration, MigrationError, open_store
 from common.store.db import split_statements
 from runs import MIGRATIONS as RUNS_MIGRATIONS
+from tests.support.paths import ROOT
 from tests.support.store import damage
 
 TRANSCRIPTS = (
@@ -352,14 +353,13 @@ def test_a_test_that_fails_with_a_store_open_fails_instead_of_hanging(tmp_path):
     that left a store open, instead of waiting forever for the thread at shutdown."""
     import subprocess
     import sys
-    from pathlib import Path
 
     (tmp_path / "test_left_open.py").write_text(
         "from common.store import open_store\n\n"
         "async def test_fails_with_the_store_open(tmp_path):\n"
         "    store = await open_store(tmp_path)\n"
         "    assert False, 'failing on purpose'\n")
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     try:
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "asyncio_mode=auto",
                                "--rootdir", str(tmp_path), str(tmp_path / "test_left_open.py")], cwd=root,

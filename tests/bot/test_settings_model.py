@@ -4,12 +4,12 @@ quotes the value; blank means unset; the settings for runs and Discord are valid
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
 from bot.environment import EnvFileError, read_variables
 from bot.settings import Settings, SettingsError, check_settings
+from tests.support.paths import ROOT
 
 
 @pytest.mark.parametrize(("name", "value", "reason"), [
@@ -165,7 +165,7 @@ def test_unknown_switchboard_variables_are_named_with_a_suggestion():
 def test_every_setting_is_documented_and_the_example_values_parse(tmp_path):
     from bot.settings import ALL_VARIABLES
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     example = (root / ".env.example").read_text()
     docs = (root / "docs" / "configuration.md").read_text()
     assert {name for name in ALL_VARIABLES if name not in example} == set()
