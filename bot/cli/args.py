@@ -1,9 +1,15 @@
-"""Argument types the commands share (argparse says what was wrong, exit 2)."""
+"""What the commands share: argument types (argparse says what was wrong, exit 2) and how a
+long-running command starts (one line per problem and exit 2, or serve until stopped)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import asyncio
+import sys
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+EXIT_USAGE = 2
 
 MAX_ROW = 2**63 - 1  # SQLite's largest integer: a run number past it is none
 
@@ -21,3 +27,13 @@ def whole_number(low: int, high: int) -> Callable[[str], int]:
         return number
 
     return parse
+
+
+def serve_unless(command: str, problems: list[str], serve: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """`switchboard {command}`: each of `problems` as one line and exit 2, or `serve()` until it returns
+    its exit code (Ctrl-C before its own signal handlers are in place is `bot.cli.main`'s 130)."""
+    for line in problems:
+        print(f"switchboard {command}: {line}", file=sys.stderr)
+    if problems:
+        return EXIT_USAGE
+    return asyncio.run(serve())

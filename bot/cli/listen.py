@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from bot.cli.args import serve_unless
 from bot.phone.listener import KeySource, listener_problem
 from bot.services import Services, build_services, stop_on_signals
 from bot.settings import Settings
@@ -20,13 +21,8 @@ EXIT_USAGE = 2
 
 
 def run(settings: Settings, key: KeySource | None = None) -> int:
-    if problem := listener_problem(settings):
-        print(f"switchboard listen: {problem}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        return asyncio.run(serve(settings, key=key))
-    except KeyboardInterrupt:
-        return 130
+    problem = listener_problem(settings)
+    return serve_unless("listen", [problem] if problem else [], lambda: serve(settings, key=key))
 
 
 async def serve(settings: Settings, stopping: asyncio.Event | None = None, key: KeySource | None = None) -> int:

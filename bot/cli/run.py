@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import discord
 
+from bot.cli.args import serve_unless
 from bot.discord.client import SwitchboardBot
 from bot.discord.phone_cards import DiscordPoster
 from bot.phone.delivery import ListenerDelivery
@@ -48,15 +49,7 @@ def missing_settings(settings: Settings) -> list[str]:
 
 def run(settings: Settings, listener_key=None) -> int:
     """`listener_key` re-reads the Smartnumbers key at every connect (`bot.phone.listener.rotating_key`)."""
-    problems = missing_settings(settings)
-    if problems:
-        for line in problems:
-            print(f"switchboard run: {line}", file=sys.stderr)
-        return EXIT_USAGE
-    try:
-        return asyncio.run(serve(settings, listener_key=listener_key))
-    except KeyboardInterrupt:
-        return 130
+    return serve_unless("run", missing_settings(settings), lambda: serve(settings, listener_key=listener_key))
 
 
 async def serve(settings: Settings, stopping: asyncio.Event | None = None,

@@ -12,9 +12,8 @@ import unicodedata
 import discord
 import pytest
 
-from bot.discord.captions import (
+from bot.discord.caption_log import (
     CaptionLog,
-    CaptionThread,
     EditMessage,
     InvalidState,
     PostMessage,
@@ -22,6 +21,7 @@ from bot.discord.captions import (
     cut_line,
     discord_length,
 )
+from bot.discord.captions import CaptionThread
 from tests.support.clock import VirtualClock
 from tests.support.fake_discord import FakeDiscord
 from tests.support.fake_discord.checks import pinged
