@@ -199,6 +199,10 @@ BAD_SERVER = [
      "unknown key 'speaker'"),
     ({"type": "conversation.item.input_audio_transcription.failed", "event_id": "e", "item_id": "i",
       "content_index": 0}, "missing required key 'error'"),
+    ({"type": "response.done", "event_id": "e", "response": {"usage": {"input_tokens": 3, "input_token_details": {
+        "cached_tokens_details": {"text_tokens": "2"}}}}}, "cached_tokens_details.text_tokens"),
+    ({"type": "response.done", "event_id": "e", "response": {"usage": {"output_tokens": 3, "output_token_details": {
+        "audio_seconds": 1}}}}, "unknown key 'audio_seconds'"),
 ]
 
 
@@ -685,3 +689,93 @@ def test_transcripts_argument_is_checked():
         FakeRealtime(transcripts=["hi"])
     with pytest.raises(ValueError):
         FakeRealtime(transcript_delay_ms=-1)
+
+
+# --------------------------------------------------------------------------- usage and session expiry
+def assert_consistent_ga_usage(usage: dict) -> None:
+    """Every GA usage field present, an int, and adding up (cached is a subset of input)."""
+    from openai.types.realtime import RealtimeResponseUsage
+
+    parsed = RealtimeResponseUsage.model_validate(usage, strict=True)  # the openai package's own model
+    assert parsed.input_token_details.cached_tokens_details is not None and not parsed.model_extra
+    ind, outd = usage["input_token_details"], usage["output_token_details"]
+    cached = ind["cached_tokens_details"]
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+    assert usage["input_tokens"] == ind["text_tokens"] + ind["audio_tokens"]
+    assert usage["output_tokens"] == outd["text_tokens"] + outd["audio_tokens"]
+    assert ind["cached_tokens"] == cached["text_tokens"] + cached["audio_tokens"]
+    assert cached["text_tokens"] <= ind["text_tokens"] and cached["audio_tokens"] <= ind["audio_tokens"]
+
+
+async def test_response_done_reports_ga_usage_from_what_was_heard_and_said():
+    script = [AudioReply("Hello there, friend.", audio_ms=600), ToolCallReply("get_time", {"zone": "UTC"}),
+              AudioReply("Noon.", audio_ms=400)]
+    async with FakeRealtime(script=script) as fake:
+        ws, _ = await connect(fake)
+        await manual_session(ws)
+        await transcribed_turn(ws, ms=1000)
+        await ws.send(json.dumps({"type": "response.create"}))
+        first = (await recv_until(ws, "response.done"))[-1]["response"]["usage"]
+        await ws.send(json.dumps({"type": "response.create"}))
+        second = (await recv_until(ws, "response.done"))[-1]["response"]["usage"]
+        await ws.send(json.dumps({"type": "response.create", "response": {"conversation": "none"}}))
+        out_of_band = (await recv_until(ws, "response.done"))[-1]["response"]["usage"]
+        await ws.close()
+        fake.assert_clean()
+    for usage in (first, second, out_of_band):
+        assert_consistent_ga_usage(usage)
+    assert first["input_token_details"]["audio_tokens"] == 10  # a second of the user's speech
+    assert first["output_token_details"] == {"audio_tokens": 12, "text_tokens": 5}  # 600 ms, "Hello there, friend."
+    assert first["input_token_details"]["cached_tokens"] == 0  # the connection's first response
+    # the second sees the first answer's audio as input, and the first one's context as cached
+    assert second["input_token_details"]["audio_tokens"] == 10 + 12
+    assert second["input_token_details"]["cached_tokens_details"] == {
+        "text_tokens": first["input_token_details"]["text_tokens"], "audio_tokens": 10}
+    assert second["output_token_details"] == {"audio_tokens": 0, "text_tokens": 6}  # get_time{"zone": "UTC"}: text only
+    assert out_of_band["input_token_details"]["cached_tokens"] == 0
+
+
+def long_story() -> AudioReply:
+    return AudioReply("A long story.", audio_ms=2000, chunk_ms=100, delay_ms_per_chunk=20)
+
+
+async def mid_answer(fake: FakeRealtime):
+    """A connection whose first answer has started streaming."""
+    ws, _ = await connect(fake)
+    await ws.send(json.dumps({"type": "response.create"}))
+    await recv_until(ws, "response.output_audio.delta")
+    return ws
+
+
+async def test_a_cancelled_response_reports_only_the_audio_it_streamed():
+    async with FakeRealtime(script=[long_story()]) as fake:
+        ws = await mid_answer(fake)
+        await ws.send(json.dumps({"type": "response.cancel"}))
+        done = (await recv_until(ws, "response.done"))[-1]["response"]
+        await ws.close()
+        fake.assert_clean()
+    assert done["status"] == "cancelled"
+    assert_consistent_ga_usage(done["usage"])
+    assert 0 < done["usage"]["output_token_details"]["audio_tokens"] < 2000 // 50
+
+
+async def test_expire_session_sends_the_ga_session_expired_error_then_closes():
+    async with FakeRealtime(script=[long_story()]) as fake:
+        ws = await mid_answer(fake)
+        assert await fake.expire_session() == 1
+        events = []
+        with pytest.raises(ConnectionClosed):
+            while True:
+                events.append(await recv(ws))
+        error = events[-1]
+        assert error["type"] == "error" and error["event_id"]
+        assert error["error"] == {"type": "invalid_request_error", "code": "session_expired",
+                                  "message": "Your session hit the maximum duration of 60 minutes.",
+                                  "param": None, "event_id": None}
+        assert "response.done" not in [e["type"] for e in events]  # the answer in flight ends with the session
+        assert (ws.close_code, ws.close_reason) == (1001, error["error"]["message"])
+        await fake.wait_for(lambda: fake.session is None)  # nothing left open on the server
+        again, created = await connect(fake)  # a new session can start at once
+        assert fake.connections == 2 and created["session"]["id"].startswith("sess_")
+        await again.close()
+        fake.assert_clean()

@@ -36,6 +36,7 @@ from voice.call.identity import build_identity
 from voice.call.providers import ProviderConfigError, RealtimeProvider, make_provider
 from voice.call.telemetry import Telemetry
 from voice.call.tools import AllowKnownSpeakers, ToolCatalogue
+from voice.call.usage import NO_USAGE, CallUsage
 from voice.call.vad import SpeechDetector, VadConfig
 
 log = logging.getLogger(__name__)
@@ -153,8 +154,8 @@ async def _call(settings: Settings, args, provider: RealtimeProvider, transport,
             transport.discard_empty_output()  # a failed call leaves no empty OUT.wav behind
         else:
             silent = args.input_wav if transport.input_silent else None
-            print(f"switchboard talk: {summary(args.output_wav, transport.output_ms, telemetry.count, silent_input=silent)}",
-                  file=sys.stderr)
+            line = summary(args.output_wav, transport.output_ms, telemetry.count, silent_input=silent, usage=engine.usage)
+            print(f"switchboard talk: {line}", file=sys.stderr)
     return code
 
 
@@ -235,12 +236,14 @@ def check_outputs(args, metrics: Path | None, metrics_label: str = "--metrics-js
     return None
 
 
-def summary(output: Path, output_ms: int, turns: int, *, silent_input: Path | None = None) -> str:
-    """The last line of a file call; `silent_input`: IN.wav, when it held nothing louder than -60 dBFS."""
+def summary(output: Path, output_ms: int, turns: int, *, silent_input: Path | None = None,
+            usage: CallUsage = NO_USAGE) -> str:
+    """The last line of a file call; `silent_input`: IN.wav, when it held nothing louder than -60 dBFS;
+    `usage`: what the provider reported the call used (left out when it reported nothing)."""
     said = f"wrote {output_ms} ms of assistant audio to {output} ({turns} turn{'s' if turns != 1 else ''}"
     if turns == 0 and silent_input is not None:
         return f"{said}: {silent_input} holds no speech, it is silent; record or pick a file with speech in it)"
-    return f"{said})"
+    return f"{said}; {usage.describe()})" if usage.reported else f"{said})"
 
 
 def terminal_audio_message(exc: BaseException) -> str:

@@ -20,6 +20,11 @@ created since the previous commit; the text comes from ``user_transcripts``
 (flat, first), else ``transcripts`` (per speaker), else a placeholder.  See
 :meth:`FakeRealtime.next_transcript`; ``fake.transcribed`` records the results.
 
+Every ``response.done`` reports GA ``usage`` estimated from what the response saw and said (text
+~4 characters a token, user audio a token per 100 ms, assistant audio one per 50 ms; the context the
+connection's previous response saw counts as cached).  :meth:`FakeRealtime.expire_session` ends the
+open sessions as the server does at their maximum duration: ``error`` ``session_expired``, then close.
+
 Simplifications: audio must be ``audio/pcm`` 24 kHz (VAD is RMS-based on 20 ms
 frames: speech when ``rms/32768 >= 0.1 * threshold``, i.e. 0.05 for the
 default threshold 0.5); responses are audio-only; ``output_audio_buffer.clear``
@@ -205,6 +210,16 @@ class FakeRealtime:
         """Push a server event (``event_id`` added if missing) to every connection."""
         for c in list(self._conns):
             await c.send(dict(event), raw=raw)
+
+    async def expire_session(self, minutes: int = 60) -> int:
+        """End every open session the way the GA server does at its maximum duration (60 minutes for
+        GA models): an ``error`` event, code ``session_expired``, then a close frame 1001 carrying the
+        same message. Returns how many sessions ended."""
+        message = f"Your session hit the maximum duration of {minutes} minutes."
+        conns = list(self._conns)
+        for c in conns:
+            await c.expire(message)
+        return len(conns)
 
     async def wait_for(self, predicate: Callable[[], Any], timeout: float = 10.0) -> Any:
         """Poll `predicate` until true; the timeout only bounds a failing test (a loaded machine is slow)."""

@@ -21,6 +21,7 @@ from tests.support.fake_realtime_replies import (
     ErrorReply,
     RawReply,
     ReplyContext,
+    context_tokens,
     run_response,
     speaker_named,
     transcription_event,
@@ -65,6 +66,7 @@ class Conn:
         self.audio_out = False
         self.turn_speaker: Optional[int] = None  # named by the last system item since the last commit
         self.transcriptions: set[asyncio.Task] = set()  # delayed transcription events
+        self.seen: tuple[int, int] = (0, 0)  # (text, audio) context tokens of the last in-conversation response
 
     # ---- plumbing used by the reply streamers
     def new_id(self, prefix: str) -> str:
@@ -79,6 +81,13 @@ class Conn:
         for task in [self.active.task if self.active else None, *self.transcriptions]:
             if task is not None and task is not me:
                 task.cancel()
+
+    async def expire(self, message: str) -> None:
+        """The session hit its maximum duration: nothing more is produced, the error is sent, the socket
+        closes (1001 going away, the message as the reason)."""
+        self.cancel_tasks()
+        await self.error("session_expired", message)
+        await self.ws.close(1001, message)
 
     def voice(self, params: dict) -> Any:
         out = (params.get("audio") or {}).get("output") or {}
@@ -367,6 +376,11 @@ class Conn:
         self.fake.response_count += 1
         r = ActiveResponse(id=self.new_id("resp"), params=params,
                            in_conversation=params.get("conversation", "auto") != "none")
+        r.context = context_tokens(items, params.get("instructions") or self.session["instructions"] or "",
+                                   params.get("tools", self.session["tools"]), self.audio_bytes, self.output_audio_ms)
+        if r.in_conversation:  # the conversation's prefix is cached from this connection's previous response
+            r.cached = (min(self.seen[0], r.context[0]), min(self.seen[1], r.context[1]))
+            self.seen = r.context
         self.active = r
 
         def finish() -> None:

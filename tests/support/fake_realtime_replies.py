@@ -152,12 +152,65 @@ def transcription_event(item_id: str, text: Optional[str], audio_ms: int, model:
     if model == "whisper-1":
         usage: dict = {"type": "duration", "seconds": audio_ms / 1000}
     else:
-        audio_tokens, out = max(1, audio_ms // 100), len(text.split())
+        audio_tokens, out = max(1, audio_ms // USER_AUDIO_MS_PER_TOKEN), len(text.split())
         usage = {"type": "tokens", "input_tokens": audio_tokens, "output_tokens": out,
                  "total_tokens": audio_tokens + out,
                  "input_token_details": {"audio_tokens": audio_tokens, "text_tokens": 0}}
     return {"type": "conversation.item.input_audio_transcription.completed", **base, "transcript": text,
             "usage": usage}
+
+
+# --------------------------------------------------------------------------- response usage
+# Estimates in the GA's units: text ~4 characters a token, user audio a token per 100 ms,
+# assistant audio a token per 50 ms (what the models' price pages quote, roughly).
+USER_AUDIO_MS_PER_TOKEN = 100
+ASSISTANT_AUDIO_MS_PER_TOKEN = 50
+
+
+def text_tokens(text: str) -> int:
+    return (len(text) + 3) // 4
+
+
+def _item_tokens(item: dict, audio_bytes: dict, output_audio_ms: dict) -> tuple[int, int]:
+    """(text, audio) tokens one conversation item adds to a response's context."""
+    if item.get("type") == "function_call":
+        return text_tokens(f"{item.get('name', '')}{item.get('arguments', '')}"), 0
+    if item.get("type") == "function_call_output":
+        return text_tokens(str(item.get("output", ""))), 0
+    text = sum(text_tokens(p.get("text") or "") for p in item.get("content") or [] if "text" in p)
+    if item.get("id") in audio_bytes:
+        return text, audio_bytes[item["id"]] // BYTES_PER_MS // USER_AUDIO_MS_PER_TOKEN
+    return text, output_audio_ms.get(item.get("id"), 0) // ASSISTANT_AUDIO_MS_PER_TOKEN
+
+
+def context_tokens(items: list, instructions: str, tools: list, audio_bytes: dict,
+                   output_audio_ms: dict) -> tuple[int, int]:
+    """(text, audio) input tokens of a response: instructions, tools and the items it sees."""
+    text = text_tokens(instructions) + (text_tokens(json.dumps(tools)) if tools else 0)
+    audio = 0
+    for item in items:
+        t, a = _item_tokens(item, audio_bytes, output_audio_ms)
+        text, audio = text + t, audio + a
+    return text, audio
+
+
+def response_usage(conn: "StreamTarget", r: "ActiveResponse") -> dict:
+    """GA ``response.usage`` for what ``r`` saw (its context) and produced (its output items)."""
+    out_text = out_audio = 0
+    for item in r.output:
+        if item["type"] == "function_call":
+            out_text += text_tokens(item["name"] + item["arguments"])
+        else:
+            out_text += sum(text_tokens(p.get("transcript") or "") for p in item["content"])
+            out_audio += conn.output_audio_ms.get(item["id"], 0) // ASSISTANT_AUDIO_MS_PER_TOKEN
+    (in_text, in_audio), (cached_text, cached_audio) = r.context, r.cached
+    return {"total_tokens": in_text + in_audio + out_text + out_audio, "input_tokens": in_text + in_audio,
+            "output_tokens": out_text + out_audio,
+            "input_token_details": {"text_tokens": in_text, "audio_tokens": in_audio,
+                                    "cached_tokens": cached_text + cached_audio,
+                                    "cached_tokens_details": {"text_tokens": cached_text,
+                                                              "audio_tokens": cached_audio}},
+            "output_token_details": {"text_tokens": out_text, "audio_tokens": out_audio}}
 
 
 # --------------------------------------------------------------------------- streaming
@@ -183,6 +236,8 @@ class ActiveResponse:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     task: Optional[asyncio.Task] = None
     dropped: bool = False
+    context: tuple[int, int] = (0, 0)  # (text, audio) input tokens of what it saw
+    cached: tuple[int, int] = (0, 0)  # of those, already seen by this connection's previous response
 
     def cancel(self, reason: str) -> None:
         if self.cancel_reason is None:
@@ -205,9 +260,7 @@ def response_object(conn: StreamTarget, r: ActiveResponse, status: str) -> dict:
         "output_modalities": ["audio"],
         "max_output_tokens": "inf",
         "audio": {"output": {"format": {"type": "audio/pcm", "rate": SAMPLE_RATE}, "voice": conn.voice(r.params)}},
-        "usage": {"total_tokens": 30, "input_tokens": 10, "output_tokens": 20,
-                  "input_token_details": {"text_tokens": 10, "audio_tokens": 0, "cached_tokens": 0},
-                  "output_token_details": {"text_tokens": 5, "audio_tokens": 15}} if done else None,
+        "usage": response_usage(conn, r) if done else None,
         "metadata": r.params.get("metadata"),
     }
 

@@ -42,6 +42,7 @@ from voice.call.speakers import SpeakerTurns, Utterance
 from voice.call.transports.base import RoomTick, TurnContext
 from voice.call.turn_record import TurnRecord
 from voice.call.turns import TurnLedger
+from voice.call.usage import NO_USAGE, CallUsage
 from voice.call.vad import EnergyDetector, SpeechDetector, VadConfig
 
 log = logging.getLogger(__name__)
@@ -167,6 +168,7 @@ class CallCore:
                                          "backchannels": 0, "resumed": 0, "addressed": 0, "followups": 0,
                                          "unanswered": 0, "transcripts_late": 0, "turns_cut": 0}
         self.last_error: str | None = None
+        self.usage: CallUsage = NO_USAGE  # what the provider reported, summed over the call (every session)
         self._now = 0.0
         self._playback = SILENT
         self._last_spoken_problem = -SPOKEN_ERROR_GAP_S
@@ -662,6 +664,10 @@ class CallCore:
             self.turns.close(event.status)
         return actions + self._pump()
 
+    def _on_usage(self, event: ev.UsageReported, now: float) -> list[Action]:
+        self.usage = self.usage + event.usage
+        return []
+
     def _settle(self, announcement: Announcement | None, spoken: bool) -> list[Action]:
         if announcement is None or (not spoken and self.floor.retry_announcement(announcement)):
             return []
@@ -850,6 +856,7 @@ _HANDLERS = {
     ev.AssistantTranscript: CallCore._on_assistant_transcript,
     ev.FunctionCall: CallCore._on_function_call,
     ev.ResponseDone: CallCore._on_response_done,
+    ev.UsageReported: CallCore._on_usage,
     ev.ProviderError: CallCore._on_error,
 }
 

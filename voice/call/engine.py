@@ -48,6 +48,7 @@ from voice.call.providers.base import RealtimeProvider, SessionConfig
 from voice.call.telemetry import Telemetry
 from voice.call.tools import ToolCatalogue, ToolDecision
 from voice.call.transports.base import CallTransport, RoomTick
+from voice.call.usage import CallUsage
 from voice.call.vad import DetectorBank, EnergyDetector, SpeechDetector, VadBank, VadConfig
 
 log = logging.getLogger(__name__)
@@ -383,6 +384,11 @@ class CallEngine:
 
     # -- status -----------------------------------------------------------------------------------
 
+    @property
+    def usage(self) -> CallUsage:
+        """What the provider reported this call used so far, over every session it held."""
+        return self.core.usage
+
     def status(self) -> dict:
         """What talk_status reports: never instructions' content, never secrets."""
         return {
@@ -396,6 +402,7 @@ class CallEngine:
             "audio": {"assistant_playing": self.transport.is_playing(), **self.core.status()},
             "identity": {"sections": dict(self.identity.sections), "problems": dict(self.identity.problems)},
             "tools": self.catalogue.names(),
+            "usage": self.usage.to_json(),
             "latency": self.telemetry.summary(),
             "recent_turns": [t.latencies_ms() for t in list(self.telemetry.recent)[-5:]],
         }

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from voice.call.usage import CallUsage
+
 
 @dataclass(frozen=True)
 class SessionReady:
@@ -89,6 +91,13 @@ class ResponseDone:
 
 
 @dataclass(frozen=True)
+class UsageReported:
+    """What one response or one input transcription used, as the provider reported it."""
+
+    usage: CallUsage
+
+
+@dataclass(frozen=True)
 class ItemTruncated:
     item_id: str
     audio_end_ms: int
@@ -117,6 +126,6 @@ HARMLESS_ERRORS = frozenset({"response_cancel_not_active"})
 ProviderEvent = (
     SessionReady | SpeechStarted | SpeechStopped | InputCommitted | UserTranscript | UserTranscriptFailed
     | ResponseCreated
-    | AudioDelta | AudioDone | AssistantTranscript | FunctionCall | ResponseDone | ItemTruncated
+    | AudioDelta | AudioDone | AssistantTranscript | FunctionCall | ResponseDone | UsageReported | ItemTruncated
     | ProviderError | Unhandled
 )

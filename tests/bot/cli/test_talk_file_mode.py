@@ -61,6 +61,7 @@ async def test_file_mode_holds_a_conversation_with_a_tool_call_and_a_barge_in(tm
     answered = [r for r in records if r["status"] == "completed"]
     assert answered and all("first_audio_played" in r["latency_ms"] for r in answered)
     assert "wrote" in stderr and "ms of assistant audio" in stderr
+    assert " tokens in (audio " in stderr.splitlines()[-1]  # what the call used, as the provider reported it
 
 
 async def test_ctrl_c_ends_the_call_with_exit_130_and_keeps_what_was_said(tmp_path):

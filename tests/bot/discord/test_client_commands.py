@@ -30,6 +30,7 @@ async def test_commands_sync_with_only_the_intents_needed_and_status_is_an_ephem
     assert embed["title"] == "Call status" and "Not in a voice channel" in embed["description"]
     fields = {f["name"]: f["value"] for f in embed["fields"]}
     assert fields["agent lanes"] == "command" and fields["operators"] == "1"
+    assert "usage" not in fields  # no call, nothing used
     assert OPENAI_KEY not in str(status)
     assert svc.fake.journal.closes == [("gateway", 1000)]  # shut down normally
 

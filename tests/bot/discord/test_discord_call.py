@@ -76,6 +76,8 @@ async def test_the_operator_delegates_by_voice_and_the_run_lands_in_the_runs_cha
     fields = {f["name"]: f["value"] for f in status["embeds"][0]["fields"]}
     assert f"<@{r.olive.id}>" in fields["heard"] and "ok" in fields["receiver"]
     assert fields["voice activity"] == "silero" and "commit" in fields["last turns (from end of speech)"]
+    usage = fields["usage"]  # the check_work answer at least is done, so the fake reported what it used
+    assert " tokens in (audio " in usage and "; cached " in usage and " out (audio " in usage, usage
     assert left["embeds"][0]["title"] == "Left the call"
     assert heard, plain  # the member heard the assistant (DAVE frames the fake could open)
 

@@ -231,6 +231,54 @@ async def test_tool_result_in_flight_during_a_drop_is_delivered_after_reconnect(
         fake.assert_clean()
 
 
+def reported(fake: FakeRealtime) -> list[dict]:
+    """The usage objects the fake sent: each response's, then each transcription's."""
+    return ([e["response"]["usage"] for e in fake.sent if e["type"] == "response.done"]
+            + [e["usage"] for e in fake.sent if e["type"] == "conversation.item.input_audio_transcription.completed"])
+
+
+async def test_two_answers_usage_and_their_transcriptions_sum_into_the_calls_usage():
+    script = [AudioReply("First answer.", audio_ms=600), AudioReply("Second answer.", audio_ms=400)]
+    async with FakeRealtime(script, user_transcripts=["one", "two"]) as fake:
+        async with live_call(fake) as call:
+            call.say()
+            await fake.wait_for(lambda: call.engine.usage.responses == 1)
+            call.say()
+            await fake.wait_for(lambda: call.engine.usage.responses == 2 and call.engine.usage.transcriptions == 2)
+            status = call.engine.status()
+        first, second, heard_one, heard_two = reported(fake)
+        usage = call.engine.usage
+        assert usage.input_tokens == first["input_tokens"] + second["input_tokens"]
+        assert usage.output_audio == 600 // 50 + 400 // 50  # the two answers' audio
+        assert usage.output_text == (first["output_token_details"]["text_tokens"]
+                                     + second["output_token_details"]["text_tokens"])
+        assert usage.cached_tokens == second["input_token_details"]["cached_tokens"] > 0  # the first saw nothing cached
+        assert usage.transcription_input == heard_one["input_tokens"] + heard_two["input_tokens"] > 0
+        assert status["usage"] == usage.to_json() and status["usage"]["responses"] == 2
+        fake.assert_clean()
+
+
+async def test_usage_keeps_summing_over_a_session_the_provider_expired():
+    def answers() -> list[dict]:
+        return [e["response"]["usage"] for e in fake.sent if e["type"] == "response.done"]
+
+    async with FakeRealtime(default_reply=AudioReply("Fine.", audio_ms=400)) as fake:
+        async with live_call(fake) as call:
+            call.say()
+            await fake.wait_for(lambda: call.engine.usage.responses == 1)
+            assert await fake.expire_session() == 1
+            await fake.wait_for(lambda: fake.connections == 2 and call.engine.core.connected, timeout=10)
+            call.say()
+            await fake.wait_for(lambda: any(c.connection == 2 and c.trigger == "vad" for c in fake.contexts), timeout=10)
+            await fake.wait_for(lambda: call.engine.core.idle() and call.engine.usage.responses == len(answers()),
+                                timeout=10)  # every answer, the notices spoken after the expiry included
+            usage, sent = call.engine.usage, answers()
+        assert len(sent) >= 2 and {c.connection for c in fake.contexts} == {1, 2}  # answers in both sessions
+        assert usage.input_tokens == sum(u["input_tokens"] for u in sent)
+        assert usage.output_tokens == sum(u["output_tokens"] for u in sent)
+        fake.assert_clean()
+
+
 async def test_provider_error_is_logged_and_the_call_continues(caplog):
     caplog.set_level(logging.INFO)
     async with FakeRealtime([ErrorReply("server_error", "the model hiccupped"), AudioReply("Recovered.")]) as fake:

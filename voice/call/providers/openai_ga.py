@@ -8,6 +8,7 @@ from typing import Any
 
 from voice.call import events as ev
 from voice.call.providers.base import ProviderConfigError, ResponseRequest, SessionConfig
+from voice.call.usage import NO_USAGE
 
 DEFAULT_URL = "wss://api.openai.com/v1/realtime"
 VOICES = ("alloy", "ash", "ballad", "coral", "echo", "sage", "shimmer", "verse", "marin", "cedar")
@@ -160,8 +161,10 @@ def parse_ga_event(event: dict) -> list[ev.ProviderEvent]:
         if isinstance(details, dict):
             error = details.get("error") or {}
             detail = details.get("reason") or (error.get("message") if isinstance(error, dict) else "") or ""
-        return [ev.ResponseDone(response.get("id", ""), response.get("status", "completed"),
-                                _metadata(response), str(detail))]
+        done = ev.ResponseDone(response.get("id", ""), response.get("status", "completed"),
+                               _metadata(response), str(detail))
+        usage = response.get("usage")
+        return [ev.UsageReported(NO_USAGE.add_response(usage)), done] if isinstance(usage, dict) else [done]
     if kind == "response.function_call_arguments.done":
         return [ev.FunctionCall(event.get("response_id", ""), event.get("item_id", ""),
                                 event.get("call_id", ""), event.get("name", ""), event.get("arguments", "{}"))]
@@ -172,7 +175,9 @@ def parse_ga_event(event: dict) -> list[ev.ProviderEvent]:
     if kind == "input_audio_buffer.committed":
         return [ev.InputCommitted(event.get("item_id"))]
     if kind == "conversation.item.input_audio_transcription.completed":
-        return [ev.UserTranscript(event.get("item_id"), event.get("transcript", ""))]
+        heard = ev.UserTranscript(event.get("item_id"), event.get("transcript", ""))
+        usage = event.get("usage")
+        return [ev.UsageReported(NO_USAGE.add_transcription(usage)), heard] if isinstance(usage, dict) else [heard]
     if kind == "conversation.item.input_audio_transcription.failed":
         return [ev.UserTranscriptFailed(event.get("item_id"))]
     if kind == "conversation.item.truncated":
