@@ -50,7 +50,11 @@ log = logging.getLogger(__name__)
 RESTORE_ITEMS = 20
 LIVE_APPEND_FRAMES = 5  # 100 ms
 SPOKEN_ERROR_GAP_S = 30.0
-USER_FACING_ERRORS = frozenset({"server_error", "rate_limit_exceeded", "insufficient_quota", "session_expired"})
+USER_FACING_ERRORS = frozenset({"server_error", "rate_limit_exceeded", "insufficient_quota"})
+# The provider ends a session at its maximum duration (GA: this error, then the socket closes): the next
+# session opens with the recent turns, and nobody hears about it unless a turn was lost on the way.
+SESSION_EXPIRED = "session_expired"
+LOST_TURN_NOTICE = "The voice service started a new session and I missed the end of that. Could you say it again?"
 RECONNECTED_NOTICE = "The connection to the voice service dropped for a moment and is back."
 
 
@@ -163,7 +167,7 @@ class CallCore:
         self.reply_to = self.options.reply_to if self.options.reply_to in REPLY_MODES else "everyone"
         self._committed = UNKNOWN  # server endpointing: the turn the server's next answer belongs to
         self.counters: dict[str, int] = {"barge_ins": 0, "cancels_sent": 0, "stale_audio_dropped": 0,
-                                         "tool_calls": 0, "announcements": 0, "reconnects": 0,
+                                         "tool_calls": 0, "announcements": 0, "reconnects": 0, "rollovers": 0,
                                          "provider_errors": 0, "audio_dropped_offline": 0, "turns": 0,
                                          "backchannels": 0, "resumed": 0, "addressed": 0, "followups": 0,
                                          "unanswered": 0, "transcripts_late": 0, "turns_cut": 0}
@@ -172,6 +176,8 @@ class CallCore:
         self._now = 0.0
         self._playback = SILENT
         self._last_spoken_problem = -SPOKEN_ERROR_GAP_S
+        self._expiring = False  # the provider said the session hit its maximum duration
+        self._rollover_lost_turn = False  # a turn was being answered when that session ended
 
     @property
     def connected(self) -> bool:
@@ -214,6 +220,10 @@ class CallCore:
             return []  # already reconnecting, or ended
         self._observe(now, None)
         self._set_state(CallState.RECONNECTING)
+        if self._expiring:  # lost: an answer still streaming, or a committed turn not answered yet
+            answering = self._answering
+            self._rollover_lost_turn = self._active is not None or (answering is not None and not any(
+                r.turn is answering.turn for r in self._responses.values()))
         self.floor.lose_connection()
         if self._active is not None:
             self._active.cancelled = True
@@ -256,8 +266,15 @@ class CallCore:
                     call.output_sent = True
             response.done = True
             self._maybe_follow_up(response)
-        self.floor.announce(Announcement(0, RECONNECTED_NOTICE), first=True)
-        actions.append(Notice("warning", "voice service connection restored"))
+        if self._expiring:  # a rollover: silent, unless a turn was lost with the old session
+            self._expiring = False
+            self.counters["rollovers"] += 1
+            if self._rollover_lost_turn:
+                self.floor.announce(Announcement(0, LOST_TURN_NOTICE), first=True)
+            actions.append(Notice("info", "the next voice session is open with the recent turns"))
+        else:
+            self.floor.announce(Announcement(0, RECONNECTED_NOTICE), first=True)
+            actions.append(Notice("warning", "voice service connection restored"))
         return self._out(actions + self._advance(now) + self._pump())
 
     def end(self, now: float) -> list[Action]:
@@ -676,6 +693,9 @@ class CallCore:
     def _on_error(self, event: ev.ProviderError, now: float) -> list[Action]:
         if event.harmless:
             return []
+        if event.code == SESSION_EXPIRED:  # not a failure: the socket closes next, and a new session opens
+            self._expiring = True
+            return [Notice("info", "the voice session reached its maximum duration; opening the next one")]
         self.counters["provider_errors"] += 1
         self.last_error = f"{event.code}: {event.message}"[:300]
         request = self.floor.take_inflight(event.event_id)

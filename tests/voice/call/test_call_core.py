@@ -5,6 +5,8 @@ from __future__ import annotations
 from tests.support.call_core import Driven, make_core, sent, types
 from voice.call import events as ev
 from voice.call.core import (
+    LOST_TURN_NOTICE,
+    RECONNECTED_NOTICE,
     AnnouncementResult,
     PlayAudio,
     RunTool,
@@ -159,3 +161,38 @@ def test_announcement_hold_after_server_vad_expires_if_the_server_never_answers(
     assert core.announce(1, "hello") == []  # the server's own answer goes first
     assert types(core.on_user_audio(bytes(960), 2.1)) == ["input_audio_buffer.append"]
     assert types(core.on_user_audio(bytes(960), 5.6)) == ["input_audio_buffer.append", "response.create"]
+
+
+def announced(actions) -> list[str]:
+    """The instructions of every spoken announcement (a response with no tools) the core asked for."""
+    return [e["response"]["instructions"] for e in sent(actions)
+            if e["type"] == "response.create" and e.get("response", {}).get("tool_choice") == "none"]
+
+
+def test_a_session_that_hits_its_maximum_duration_rolls_over_silently_with_the_recent_turns():
+    core, _ = make_core()
+    core.on_provider(ev.UserTranscript("u1", "audit the auth module"), 0.0)
+    core.on_provider(ev.ResponseCreated("r1"), 0.0)
+    core.on_provider(ev.ResponseDone("r1", "completed"), 0.1)
+    expiry = core.on_provider(ev.ProviderError("session_expired", "Your session hit the maximum duration of 60 "
+                                               "minutes."), 3600.0)
+    assert not announced(expiry) and core.core.last_error is None  # not a failure, and nothing said
+    core.on_disconnect(3600.0)
+    restored = core.on_reconnected(3600.3)
+    kinds = [(e["type"], e.get("item", {}).get("type")) for e in sent(restored)]
+    assert kinds[0] == ("session.update", None) and ("conversation.item.create", "message") in kinds
+    assert announced(restored) == []  # no "the connection dropped", no apology
+    assert core.core.counters["rollovers"] == 1
+
+
+def test_a_rollover_that_cut_an_answer_short_asks_for_the_turn_again_and_a_plain_drop_still_says_so():
+    core, _ = make_core()
+    core.on_provider(ev.UserTranscript("u1", "audit the auth module"), 0.0)
+    core.on_provider(ev.ResponseCreated("r1"), 0.0)  # streaming when the session ends
+    core.on_provider(ev.ProviderError("session_expired", "Your session hit the maximum duration."), 3600.0)
+    core.on_disconnect(3600.0)
+    [said] = announced(core.on_reconnected(3600.3))
+    assert said.count(LOST_TURN_NOTICE) == 1
+    core.on_disconnect(3700.0)  # no expiry this time: a dropped connection is still announced
+    [said] = announced(core.on_reconnected(3700.3))
+    assert RECONNECTED_NOTICE in said and LOST_TURN_NOTICE not in said

@@ -456,3 +456,20 @@ async def test_stop_during_a_stalled_handshake_ends_the_call_at_once_and_says_no
     engine.stop()
     await asyncio.wait_for(call, 2)  # not the 15 s handshake timeout
     assert attempts[0].cancelled() and await asyncio.wait_for(announced, 2) is False
+
+
+async def test_an_expired_session_is_replaced_without_a_word_when_no_turn_was_lost():
+    async with FakeRealtime(default_reply=AudioReply("Fine.", audio_ms=400)) as fake:
+        async with live_call(fake) as call:
+            call.say()
+            await fake.wait_for(lambda: call.engine.usage.responses == 1)
+            await fake.wait_for(lambda: call.engine.core.idle(), timeout=10)  # the answer has been played
+            assert await fake.expire_session() == 1
+            await fake.wait_for(lambda: fake.connections == 2 and call.engine.core.connected, timeout=10)
+            call.say()  # the next turn is answered in the new session
+            await fake.wait_for(lambda: any(c.connection == 2 for c in fake.contexts), timeout=10)
+            await fake.wait_for(lambda: call.engine.core.idle(), timeout=10)
+        spoken = [e for e in call.received("response.create") if e.get("response", {}).get("tool_choice") == "none"]
+        assert spoken == []  # no "the connection dropped", no apology
+        assert call.engine.core.counters["rollovers"] == 1 and call.engine.core.last_error is None
+        fake.assert_clean()
