@@ -56,6 +56,17 @@ def positive_seconds(value: Any) -> float:
     return seconds
 
 
+def positive_minutes(value: Any) -> float:
+    """A finite number of minutes greater than 0 (`nan`, `inf` refuse)."""
+    try:
+        minutes = float(value)
+    except (TypeError, ValueError):
+        raise ValueError("is not a number of minutes; use e.g. 60 or 90 (unset = no limit)") from None
+    if not math.isfinite(minutes) or minutes <= 0:
+        raise ValueError("must be a finite number of minutes greater than 0 (unset = no limit)")
+    return minutes
+
+
 def snowflake(value: Any) -> int:
     """One Discord ID: 17–20 digits, no leading zero, at most 2**64-1."""
     text = str(value).strip()

@@ -94,6 +94,7 @@ class Settings(BaseSettings):
     followup_s: float = Field(15.0, validation_alias="SWITCHBOARD_FOLLOWUP_S")
     min_interruption_ms: int = Field(400, validation_alias="SWITCHBOARD_MIN_INTERRUPTION_MS")
     captions: bool = Field(False, validation_alias="SWITCHBOARD_CAPTIONS")
+    call_max_minutes: float | None = Field(None, validation_alias="SWITCHBOARD_CALL_MAX_MINUTES")
 
     # -- background runs ---------------------------------------------------------------------------
     agent_lanes: tuple[str, ...] = Field(AGENT_LANES, validation_alias="SWITCHBOARD_AGENT_LANES")
@@ -239,6 +240,11 @@ class Settings(BaseSettings):
     @classmethod
     def _seconds(cls, value: Any) -> float:
         return rules.positive_seconds(value)
+
+    @field_validator("call_max_minutes", mode="before")
+    @classmethod
+    def _minutes(cls, value: Any) -> float | None:
+        return None if value is None else rules.positive_minutes(value)
 
     @field_validator("operator_user_ids", mode="before")
     @classmethod

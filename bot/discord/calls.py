@@ -12,6 +12,7 @@ a join right after a leave waits for discord.py to let go of the old voice clien
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 20.0
 LEAVE_TIMEOUT_S = 8.0
+LIMIT_NOTICE_WAIT_S = 30.0  # at the call limit, the goodbye waits this long for the floor, then the call ends anyway
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,7 @@ class GuildCall:
     text_channel_id: int | None = None
     deaf_watch: asyncio.Task | None = None
     idle_timer: asyncio.Task | None = None
+    limit_timer: asyncio.Task | None = None
     rejoined: bool = False
     captions: CaptionThread | None = None
 
@@ -76,7 +79,7 @@ class GuildCall:
 class CallManager:
     def __init__(self, client: discord.Client, *, runs: Callable[[], RunService], gate: OperatorGate,
                  provider: Callable[[], RealtimeProvider], identity: Callable[[MemorySource], Identity],
-                 deaf_after_s: float = 5.0, idle_leave_s: float = 120.0,
+                 deaf_after_s: float = 5.0, idle_leave_s: float = 120.0, max_minutes: float | None = None,
                  room: RoomOptions | None = None) -> None:
         self._client = client
         self.room = room or RoomOptions()
@@ -85,6 +88,7 @@ class CallManager:
         self._closing: set[asyncio.Task] = set()
         self._deaf_after_s = deaf_after_s
         self._idle_leave_s = idle_leave_s
+        self._max_minutes = max_minutes
         self._runs = runs
         self._gate = gate
         self._provider = provider
@@ -151,6 +155,8 @@ class CallManager:
             task.add_done_callback(lambda t, g=guild.id: self._engine_ended(g, t))
             log.info("call %s: joined channel %s of guild %s", info.call_id, channel.id, guild.id)
             self._watch_idle(guild, call)
+            if self._max_minutes is not None:
+                call.limit_timer = asyncio.create_task(self._limit_leave(guild, call), name=f"limit-{guild.id}")
             mode = ("I answer everyone." if options.reply_to == "everyone" else
                     f"I answer only when someone says my name ({room.agent_name}) first, and then their follow-ups.")
             return (f"Talking in <#{channel.id}> with {provider.name} {provider.model}, voice {provider.voice}. "
@@ -219,7 +225,7 @@ class CallManager:
         call = self._calls.pop(guild_id, None)
         if call is None:
             return "I was not in a voice channel here."
-        for task in (call.deaf_watch, call.idle_timer):
+        for task in (call.deaf_watch, call.idle_timer, call.limit_timer):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
         if call.captions is not None:  # what is pending goes out (bounded), without holding up the leave
@@ -342,6 +348,24 @@ class CallManager:
         await self.leave(guild.id, reason=f"nobody in the channel for {self._idle_leave_s:g} s")
         await self._say(call.text_channel_id, f"Nobody was left in <#{call.channel_id}>, so I left. "
                                               "`/talk join` brings me back.")
+
+
+    async def _limit_leave(self, guild: discord.Guild, call: GuildCall) -> None:
+        """SWITCHBOARD_CALL_MAX_MINUTES: at the limit, say so in the call (when the floor is free, waiting
+        at most LIMIT_NOTICE_WAIT_S), leave, and say why in the text channel."""
+        minutes = self._max_minutes
+        assert minutes is not None
+        await asyncio.sleep(minutes * 60)
+        if self._calls.get(guild.id) is not call:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(call.engine.announce(
+                f"This call has reached its limit of {minutes:g} minutes, so I'm leaving now. "
+                "Anyone can ask an operator to start a new one."), LIMIT_NOTICE_WAIT_S)
+        await self.leave(guild.id, reason=f"the call limit of {minutes:g} min (SWITCHBOARD_CALL_MAX_MINUTES)")
+        await self._say(call.text_channel_id, f"The call in <#{call.channel_id}> reached its limit of {minutes:g} "
+                                              "minutes (SWITCHBOARD_CALL_MAX_MINUTES), so I left. `/talk join` starts "
+                                              "a new one.")
 
 
 def _display_name(guild: discord.Guild, user_id: int) -> str | None:

@@ -63,6 +63,7 @@ class SwitchboardBot(discord.Client):
         self.calls = CallManager(self, runs=lambda: self._runs(), gate=self.gate, provider=self._provider,
                                  identity=lambda memory: build_identity(settings.home, settings.identity_include, memory=memory),
                                  deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s,
+                                 max_minutes=settings.call_max_minutes,
                                  room=room_options(settings))
         self.tree.on_error = on_command_error  # type: ignore[method-assign]  # one handler: refusals, failures
         self.tree.add_command(TalkGroup(self))

@@ -40,6 +40,9 @@ from tests.support.paths import ROOT
     ("SWITCHBOARD_GUILD_IDS", "123456789012345678,0123456789012345678", "not a Discord ID"),
     ("SWITCHBOARD_RUNS_CHANNEL_ID", "12345", "not a Discord ID"),
     ("SWITCHBOARD_IDLE_LEAVE_S", "nan", "finite"),
+    ("SWITCHBOARD_CALL_MAX_MINUTES", "0", "greater than 0"),
+    ("SWITCHBOARD_CALL_MAX_MINUTES", "inf", "finite"),
+    ("SWITCHBOARD_CALL_MAX_MINUTES", "an hour", "is not a number of minutes"),
     ("SWITCHBOARD_AGENT_LANES", "hermes-api,ssh", "unknown lane ssh"),
     ("SWITCHBOARD_HERMES_API_URL", "http://10.1.2.3:8642", "clear text"),
     ("SWITCHBOARD_HERMES_API_URL", "ftp://127.0.0.1", "not a https:// URL"),
@@ -115,6 +118,11 @@ def test_settings_for_discord_and_runs_parse():
     assert settings.agent_argv("rm -rf /; echo 'hi'") == ["my-agent", "--prompt=rm -rf /; echo 'hi'", "--quiet",
                                                           "two words"]
     assert settings.agent_profile == "research" and settings.agent_timeout_s == 60.0
+
+
+def test_a_call_has_no_length_limit_unless_one_is_set():
+    assert Settings.from_env({}).call_max_minutes is None
+    assert Settings.from_env({"SWITCHBOARD_CALL_MAX_MINUTES": "90"}).call_max_minutes == 90.0
 
 
 def test_agent_profile_keeps_unset_and_blank_apart():

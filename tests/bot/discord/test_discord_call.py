@@ -117,3 +117,17 @@ async def test_join_leave_join_at_once_still_hears_and_an_empty_channel_is_left(
         await r.fake.journal.wait_for(lambda: any("Nobody was left" in m.get("content", "")
                                                   for m in r.fake.state.messages), WAIT_S)
     assert left["embeds"][0]["title"] == "Left the call" and again["embeds"][0]["title"] == "In the call"
+
+
+@pytest.mark.asyncio
+async def test_a_call_at_its_length_limit_says_so_leaves_and_posts_why(tmp_path):
+    async with room(tmp_path, script, SWITCHBOARD_CALL_MAX_MINUTES="0.05") as r:  # 3 s
+        await join_and_settle(r, r.olive)
+        await r.fake.journal.wait_for(lambda: r.fake.state.guild.voice.get(r.fake.bot.id) is None, WAIT_S)
+        await r.fake.journal.wait_for(lambda: any("SWITCHBOARD_CALL_MAX_MINUTES" in m.get("content", "")
+                                                  for m in r.fake.state.messages), WAIT_S)
+    said = [e["response"].get("instructions", "") for e in r.realtime.received if e["type"] == "response.create"]
+    assert any("reached its limit of 0.05 minutes" in text for text in said), said  # told in the call first
+    [posted] = [m["content"] for m in r.fake.state.messages if "SWITCHBOARD_CALL_MAX_MINUTES" in m.get("content", "")]
+    assert f"<#{r.fake.voice_channel.id}>" in posted and "/talk join" in posted
+
