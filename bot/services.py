@@ -1,7 +1,7 @@
 """The composition root: settings in, every service a command uses out, closed in reverse order.
 
     async with build_services(settings, sink=..., poster=...) as services:
-        services.runs, services.archive, services.callbacks, services.tokens, services.listener(...)
+        services.runs, services.archive, services.callbacks, services.tokens, services.calls, services.listener(...)
 
 Every command (`run`, `listen`, `talk`, `runs`, `transcripts`, `callbacks`) builds its services here,
 so they all read the same settings, open the same store with every domain's migrations, give runs
@@ -28,10 +28,12 @@ from listener.callbacks import Callbacks, MutationTokens
 from listener.repository import MIGRATIONS as LISTENER_STEPS
 from runs import MIGRATIONS, NotificationSink, RunsConfig, RunService, TerminalSink
 from runs.lanes import Lane
+from voice.call.records import MIGRATIONS as VOICE_MIGRATIONS
+from voice.call.records import CallRecords
 
 # The listener declares its tables as plain steps (it never imports the service); the store applies them.
 LISTENER_MIGRATIONS = tuple(Migration(package, version, sql) for package, version, sql in LISTENER_STEPS)
-STORE_MIGRATIONS = (*MIGRATIONS, *LISTENER_MIGRATIONS)
+STORE_MIGRATIONS = (*MIGRATIONS, *LISTENER_MIGRATIONS, *VOICE_MIGRATIONS)
 
 
 async def open_home_store(settings: Settings) -> Store:
@@ -86,6 +88,11 @@ class Services:
     @property
     def callbacks(self) -> Callbacks:
         return Callbacks(self.store)
+
+    @property
+    def calls(self) -> CallRecords:
+        """Voice calls and their recent turns (`voice.call.records`)."""
+        return CallRecords(self.store)
 
     @property
     def tokens(self) -> MutationTokens:

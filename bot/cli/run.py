@@ -2,8 +2,8 @@
 
 Start-up refuses with one line per missing setting; a rejected token is said as such. The listener
 starts once Discord is ready. SIGINT and SIGTERM shut down in order — stop the listener, leave every
-call (tool outputs settle), stop watching runs, close the gateway normally (1000), close the store —
-and exit 0.
+call (tool outputs settle; its row is marked to resume), stop watching runs, close the gateway
+normally (1000), close the store — and exit 0.
 """
 
 from __future__ import annotations
@@ -144,12 +144,12 @@ def _start_failure(runner: asyncio.Task) -> int:
 
 async def shutdown(bot: SwitchboardBot, runner: asyncio.Task,
                    before_gateway: Callable[[], Awaitable[None]] | None = None) -> None:
-    """Leave voice first (discord.py's own Ctrl-C path waits out the voice timeout), then stop watching
-    runs (`before_gateway`: a run landing now is delivered at the next start, not lost to a closed
-    gateway), then the gateway."""
+    """Leave voice first (discord.py's own Ctrl-C path waits out the voice timeout; each call's row is
+    marked `resume`, not ended: a deploy is not a goodbye), then stop watching runs (`before_gateway`: a
+    run landing now is delivered at the next start, not lost to a closed gateway), then the gateway."""
     started = time.monotonic()
     try:
-        await asyncio.wait_for(bot.calls.leave_all("Switchboard is shutting down"), SHUTDOWN_BUDGET_S / 2)
+        await asyncio.wait_for(bot.calls.leave_all("Switchboard is shutting down", resume=True), SHUTDOWN_BUDGET_S / 2)
     except TimeoutError:
         log.warning("leaving the calls took longer than %.0f s", SHUTDOWN_BUDGET_S / 2)
     if before_gateway is not None:

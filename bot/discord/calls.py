@@ -7,6 +7,10 @@ endpointing — a turn per speaker, answered one at a time, to everyone or only 
 mutating tools go through the operator gate. Leaving stops the engine first (tool outputs settle,
 undelivered announcements resolve), then leaves voice. A per-guild lock orders join and leave, so
 a join right after a leave waits for discord.py to let go of the old voice client.
+
+Each call is a row in the store (`voice.call.records`): recorded at join, every transcript line appended
+as a turn in a task of its own (a failing store is logged once per call and never holds up the call),
+`ended` at leave — or `resume` when the process is shutting down (`leave_all(resume=True)`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from voice.call.core import REPLY_MODES, CallOptions, ShowTranscript
 from voice.call.engine import CallEngine, CallFailed, room_vad
 from voice.call.identity import Identity, MemorySource
 from voice.call.providers import RealtimeProvider
+from voice.call.records import CallRecords
 from voice.call.tools import ToolCatalogue
 from voice.call.vad import VadBank, VadConfig
 from voice.media.channel import RoomClock, RoomTransport
@@ -74,13 +79,16 @@ class GuildCall:
     limit_timer: asyncio.Task | None = None
     rejoined: bool = False
     captions: CaptionThread | None = None
+    record_id: int | None = None  # its row in voice_calls; None when the store would not take it
+    recording: set[asyncio.Task] = field(default_factory=set)  # turns on their way to the store
+    record_failed: bool = False  # said once per call
 
 
 class CallManager:
     def __init__(self, client: discord.Client, *, runs: Callable[[], RunService], gate: OperatorGate,
                  provider: Callable[[], RealtimeProvider], identity: Callable[[MemorySource], Identity],
                  deaf_after_s: float = 5.0, idle_leave_s: float = 120.0, max_minutes: float | None = None,
-                 room: RoomOptions | None = None) -> None:
+                 room: RoomOptions | None = None, records: Callable[[], CallRecords] | None = None) -> None:
         self._client = client
         self.room = room or RoomOptions()
         self._vad: VadBank | None = None  # loaded at the first join, then shared by every call
@@ -93,6 +101,7 @@ class CallManager:
         self._gate = gate
         self._provider = provider
         self._identity = identity
+        self._records = records  # late-bound: the store arrives with the services
         self._calls: dict[int, GuildCall] = {}
         self._locks: dict[int, asyncio.Lock] = {}
 
@@ -139,13 +148,14 @@ class CallManager:
             memory = await known_facts(Archive(runs.store))  # what the user's phone calls taught
             engine = CallEngine(provider, transport, catalogue, self._identity(memory), options=options, call=info,
                                 vad_name=self._vad.name,
-                                on_transcript=lambda line, g=guild: self._caption(g, line))
+                                on_transcript=lambda line, g=guild: self._heard(g, line))
             voice.play(transport.source)
             detach = runs.attach(engine)
             task = asyncio.create_task(engine.run(), name=f"call-{guild.id}")
             call = GuildCall(guild.id, channel.id, voice, transport, engine, task, detach, requested_by=requested_by,
                              text_channel_id=text_channel_id, rejoined=rejoined)
             self._calls[guild.id] = call
+            await self._record_start(call, captions=room.captions)
             if room.captions:
                 await self._start_captions(guild, call, channel)
             call.deaf_watch = asyncio.create_task(
@@ -188,13 +198,66 @@ class CallManager:
                                       voice_channel_name=getattr(channel, "name", None), call_id=call.engine.call.call_id)
         await call.captions.start()
 
-    def _caption(self, guild: discord.Guild, line: ShowTranscript) -> None:
-        """A line of the conversation: to the captions thread, when this call has one (never raises)."""
+    def _heard(self, guild: discord.Guild, line: ShowTranscript) -> None:
+        """A line of the conversation: to the call's record and its captions thread (never raises)."""
         call = self._calls.get(guild.id)
-        if call is None or call.captions is None:
+        if call is None:
             return
         name = line.name or (_display_name(guild, line.speaker) if line.speaker is not None else None)
-        call.captions.add(line.role, name or "someone", line.text)
+        if call.record_id is not None:
+            shown = (name or "someone") if line.role == "user" else self.room.agent_name
+            task = asyncio.get_running_loop().create_task(
+                self._record_turn(call, line.role, line.speaker, shown, line.text, time.time()),
+                name=f"call-record-{guild.id}")
+            call.recording.add(task)
+            task.add_done_callback(call.recording.discard)
+        if call.captions is not None:
+            call.captions.add(line.role, name or "someone", line.text)
+
+    def _records_or_none(self) -> CallRecords | None:
+        return self._records() if self._records is not None else None
+
+    async def _record_start(self, call: GuildCall, *, captions: bool) -> None:
+        records = self._records_or_none()
+        if records is None:
+            return
+        try:
+            call.record_id = await records.start(
+                guild_id=call.guild_id, voice_channel_id=call.channel_id, text_channel_id=call.text_channel_id,
+                started_by=call.requested_by, mode=self.room.reply_to, captions=captions, at=call.started_at)
+        except Exception as exc:  # the call goes on unrecorded
+            self._record_failure(call, exc)
+
+    async def _record_turn(self, call: GuildCall, role: str, speaker: int | None, name: str, text: str,
+                           at: float) -> None:
+        records = self._records_or_none()
+        if records is None or call.record_id is None:
+            return
+        try:
+            await records.add_turn(call.record_id, role, speaker, name, text, at)
+        except Exception as exc:
+            self._record_failure(call, exc)
+
+    async def _record_end(self, call: GuildCall, reason: str, *, resume: bool) -> None:
+        """After the call's last turns: `ended` with why, or `resume` (the process is stopping)."""
+        records = self._records_or_none()
+        if records is None or call.record_id is None:
+            return
+        if call.recording:
+            await asyncio.wait(set(call.recording), timeout=LEAVE_TIMEOUT_S)
+        try:
+            if resume:
+                await records.mark_resume(call.record_id)
+            else:
+                await records.end(call.record_id, reason, time.time())
+        except Exception as exc:
+            self._record_failure(call, exc)
+
+    def _record_failure(self, call: GuildCall, exc: Exception) -> None:
+        if not call.record_failed:
+            call.record_failed = True
+            log.warning("call %s: could not record it in the store (the call goes on): %s",
+                        call.engine.call.call_id, exc)
 
     def set_mode(self, guild_id: int, mode: str) -> str:
         """`/talk mode`: answer everyone, or only turns addressed to the assistant, in this call."""
@@ -210,18 +273,20 @@ class CallManager:
         return (f"I'll answer only when someone starts with my name ({self.room.agent_name}, …), and their "
                 f"follow-ups within {self.room.followup_s:g} s.")
 
-    async def leave(self, guild_id: int, *, reason: str) -> str:
+    async def leave(self, guild_id: int, *, reason: str, resume: bool = False) -> str:
         async with self._lock(guild_id):
-            return await self._leave_locked(guild_id, reason)
+            return await self._leave_locked(guild_id, reason, resume=resume)
 
-    async def leave_all(self, reason: str) -> None:
-        await asyncio.gather(*(self.leave(g, reason=reason) for g in list(self._calls)), return_exceptions=True)
+    async def leave_all(self, reason: str, *, resume: bool = False) -> None:
+        """Leave every call; `resume` (the process is shutting down) marks them to rejoin, not ended."""
+        await asyncio.gather(*(self.leave(g, reason=reason, resume=resume) for g in list(self._calls)),
+                             return_exceptions=True)
         if self._closing:  # captions flush their last lines (each bounded) before the gateway closes
             await asyncio.gather(*self._closing, return_exceptions=True)
         if self._room_clock is not None:
             await self._room_clock.aclose()
 
-    async def _leave_locked(self, guild_id: int, reason: str) -> str:
+    async def _leave_locked(self, guild_id: int, reason: str, *, resume: bool = False) -> str:
         call = self._calls.pop(guild_id, None)
         if call is None:
             return "I was not in a voice channel here."
@@ -241,6 +306,7 @@ class CallManager:
             pass
         except Exception:
             log.exception("call in guild %s ended with an error", guild_id)
+        await self._record_end(call, reason, resume=resume)
         call.voice.stop()
         try:
             await asyncio.wait_for(call.voice.disconnect(force=True), LEAVE_TIMEOUT_S)

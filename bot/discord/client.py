@@ -64,7 +64,7 @@ class SwitchboardBot(discord.Client):
                                  identity=lambda memory: build_identity(settings.home, settings.identity_include, memory=memory),
                                  deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s,
                                  max_minutes=settings.call_max_minutes,
-                                 room=room_options(settings))
+                                 room=room_options(settings), records=lambda: self._services().calls)
         self.tree.on_error = on_command_error  # type: ignore[method-assign]  # one handler: refusals, failures
         self.tree.add_command(TalkGroup(self))
         self.tree.add_command(RunsGroup(self))

@@ -89,6 +89,32 @@ class Room:
         with sqlite3.connect(self.home / DB_FILENAME) as db:
             return db.execute("SELECT id, requester_id, task FROM runs ORDER BY id").fetchall()
 
+    def calls(self) -> list[dict]:
+        """Every voice call recorded in the store (`voice_calls`), oldest first, with its turns as
+        (role, speaker id, text)."""
+        if not (self.home / DB_FILENAME).exists():
+            return []
+        with contextlib.closing(sqlite3.connect(self.home / DB_FILENAME)) as db:
+            db.row_factory = sqlite3.Row
+            if not db.execute("SELECT 1 FROM sqlite_master WHERE name = 'voice_calls'").fetchone():
+                return []
+            calls = [dict(row) for row in db.execute("SELECT * FROM voice_calls ORDER BY id")]
+            for call in calls:
+                call["turns"] = db.execute("SELECT role, speaker_id, text FROM voice_call_turns WHERE call_id = ? "
+                                           "ORDER BY seq", (call["id"],)).fetchall()
+                call["turns"] = [tuple(t) for t in call["turns"]]
+        return calls
+
+    async def recorded(self, predicate, timeout: float = WAIT_S) -> list[dict]:
+        """`calls()` once `predicate(calls)` holds (the bot writes turns in the background)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while not predicate(calls := self.calls()):
+            if loop.time() > deadline:
+                raise AssertionError(f"the store never showed the expected calls: {calls}")
+            await asyncio.sleep(0.05)
+        return calls
+
     def outputs(self) -> list[dict]:
         return [json.loads(e["item"]["output"]) for e in self.realtime.received
                 if e["type"] == "conversation.item.create" and e["item"]["type"] == "function_call_output"]

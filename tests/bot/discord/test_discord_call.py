@@ -18,6 +18,7 @@ from tests.support.discord_room import (
 from tests.support.fake_realtime import AudioReply, ToolCallReply
 
 pytestmark = ONE_ROOM_AT_A_TIME
+SAID = "audit the auth module and report back"
 
 
 def script(ctx):
@@ -54,11 +55,15 @@ async def seed_fact(home, fact: str) -> None:
 @pytest.mark.asyncio
 async def test_the_operator_delegates_by_voice_and_the_run_lands_in_the_runs_channel(tmp_path):
     await seed_fact(tmp_path / "home", "The user's daughter Maya starts school on Monday.")
-    async with room(tmp_path, script) as r:
+    async with room(tmp_path, script, transcripts={"olive": [SAID]}) as r:
         await join_and_settle(r, r.olive)
         session = next(e["session"] for e in r.realtime.received if e["type"] == "session.update")
         assert "The user's daughter Maya starts school on Monday." in session["instructions"]  # learned from a call
         await say(r, r.olive)
+        (call,) = await r.recorded(lambda calls: calls and any(t[0] == "user" for t in calls[0]["turns"]))
+        assert (call["state"], call["started_by"], call["mode"], call["guild_id"], call["voice_channel_id"]) == \
+            ("live", r.olive.id, "everyone", r.fake.state.guild.id, r.fake.voice_channel.id)
+        assert ("user", r.olive.id, SAID) in call["turns"]  # the transcription, with who spoke it
         await r.realtime.wait_for(lambda: len(r.outputs()) >= 2, WAIT_S)
         await r.fake.journal.wait_for(lambda: r.fake.state.messages, WAIT_S)  # the finished run's embed
         status = await r.command("talk status", r.gus)
@@ -80,6 +85,9 @@ async def test_the_operator_delegates_by_voice_and_the_run_lands_in_the_runs_cha
     assert " tokens in (audio " in usage and "; cached " in usage and " out (audio " in usage, usage
     assert left["embeds"][0]["title"] == "Left the call"
     assert heard, plain  # the member heard the assistant (DAVE frames the fake could open)
+    (call,) = r.calls()  # left on /talk leave: ended, not to be resumed
+    assert (call["state"], call["end_reason"]) == ("ended", f"/talk leave by {r.olive.id}")
+    assert call["ended_at"] is not None and any(role == "assistant" for role, _, _ in call["turns"])
 
 
 @pytest.mark.asyncio
@@ -102,6 +110,9 @@ async def test_a_guest_with_the_operators_name_is_refused_and_an_overlap_is_two_
                and e["item"]["type"] == "message" and e["item"]["role"] == "system"]
     assert len(context) == 3 and all(text.count("user id ") == 1 for text in context)  # one speaker per turn
     assert sum(f"user id {r.olive.id}" in text for text in context) == 1
+    (call,) = r.calls()  # the room ended with SIGTERM (a deploy): marked to resume, not ended
+    assert (call["state"], call["ended_at"], call["started_by"]) == ("resume", None, r.olive.id)
+    assert {speaker for role, speaker, _ in call["turns"] if role == "user"} == {r.olive.id, r.gus.id}
 
 
 @pytest.mark.asyncio

@@ -1,0 +1,145 @@
+"""The voice package's tables — durable call rows and their recent turns — and every SQL statement on them.
+
+A call is one `voice_calls` row from join to leave, in one of three states:
+
+- `live`: the call is going on, or the process died without leaving (a crash leaves it so);
+- `resume`: the process stopped on purpose (SIGTERM, SIGINT) while in the call, to rejoin at the next start;
+- `ended`: the call was left (`end_reason` says why).
+
+`voice_call_turns` keeps each call's last `KEEP_TURNS` lines of conversation — who spoke (the speaker's
+immutable id, their display name as shown: untrusted), the transcription or the assistant's words —
+text only, never audio; the oldest go in the same transaction that adds a newer one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.store import Migration, Store
+
+PACKAGE = "voice"
+KEEP_TURNS = 50
+STATES = ("live", "ended", "resume")
+ROLES = ("user", "assistant")
+
+_STATES = ", ".join(f"'{s}'" for s in STATES)
+_ROLES = ", ".join(f"'{r}'" for r in ROLES)
+
+MIGRATIONS = (
+    Migration(PACKAGE, 1, f"""
+        CREATE TABLE voice_calls (
+            id               INTEGER PRIMARY KEY AUTOINCREMENT,
+            guild_id         INTEGER NOT NULL,
+            voice_channel_id INTEGER NOT NULL,
+            text_channel_id  INTEGER,
+            started_by       INTEGER,
+            mode             TEXT    NOT NULL,
+            captions         INTEGER NOT NULL DEFAULT 0,
+            started_at       REAL    NOT NULL,
+            ended_at         REAL,
+            end_reason       TEXT,
+            state            TEXT    NOT NULL DEFAULT 'live' CHECK (state IN ({_STATES}))
+        );
+        CREATE INDEX voice_calls_by_state ON voice_calls (state);
+        CREATE TABLE voice_call_turns (
+            call_id    INTEGER NOT NULL REFERENCES voice_calls (id) ON DELETE CASCADE,
+            seq        INTEGER NOT NULL,
+            at         REAL    NOT NULL,
+            role       TEXT    NOT NULL CHECK (role IN ({_ROLES})),
+            speaker_id INTEGER,
+            name       TEXT    NOT NULL,
+            text       TEXT    NOT NULL,
+            PRIMARY KEY (call_id, seq)
+        );
+    """),
+)
+
+
+@dataclass(frozen=True)
+class CallTurn:
+    seq: int
+    at: float
+    role: str  # "user" | "assistant"
+    speaker_id: int | None  # the user turn's one speaker; None for the assistant (or an unattributed line)
+    name: str  # as shown: untrusted
+    text: str
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    id: int
+    guild_id: int
+    voice_channel_id: int
+    text_channel_id: int | None
+    started_by: int | None
+    mode: str
+    captions: bool
+    started_at: float
+    ended_at: float | None
+    end_reason: str | None
+    state: str
+    turns: tuple[CallTurn, ...] = ()  # oldest first
+
+
+class CallRecords:
+    """Voice calls and their recent turns in the shared store."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    async def start(self, *, guild_id: int, voice_channel_id: int, text_channel_id: int | None,
+                    started_by: int | None, mode: str, captions: bool, at: float) -> int:
+        """A new `live` call; its id."""
+        return await self.store.insert(
+            "INSERT INTO voice_calls (guild_id, voice_channel_id, text_channel_id, started_by, mode, captions, "
+            "started_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'live')",
+            (guild_id, voice_channel_id, text_channel_id, started_by, mode, int(captions), at))
+
+    async def add_turn(self, call_id: int, role: str, speaker_id: int | None, name: str, text: str,
+                       at: float) -> int:
+        """Append a line to the call's turns, dropping all but the newest `KEEP_TURNS`; its seq."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
+        async with self.store.transaction() as db:
+            async with db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM voice_call_turns WHERE call_id = ?",
+                                  (call_id,)) as cursor:
+                seq = int((await cursor.fetchone())[0])
+            await db.execute("INSERT INTO voice_call_turns (call_id, seq, at, role, speaker_id, name, text) "
+                             "VALUES (?, ?, ?, ?, ?, ?, ?)", (call_id, seq, at, role, speaker_id, name, text))
+            await db.execute("DELETE FROM voice_call_turns WHERE call_id = ? AND seq <= ?",
+                             (call_id, seq - KEEP_TURNS))
+        return seq
+
+    async def end(self, call_id: int, reason: str, at: float) -> bool:
+        """The call was left: `ended`, with why. False when it had ended already."""
+        return await self.store.execute(
+            "UPDATE voice_calls SET state = 'ended', ended_at = ?, end_reason = ? WHERE id = ? AND state != 'ended'",
+            (at, reason, call_id)) > 0
+
+    async def mark_resume(self, call_id: int) -> bool:
+        """The process stops on purpose during the call: rejoin it at the next start. False unless it was live."""
+        return await self.store.execute("UPDATE voice_calls SET state = 'resume' WHERE id = ? AND state = 'live'",
+                                        (call_id,)) > 0
+
+    async def get(self, call_id: int) -> CallRecord | None:
+        row = await self.store.fetchone("SELECT * FROM voice_calls WHERE id = ?", (call_id,))
+        return None if row is None else _record(row, await self._turns(call_id))
+
+    async def live(self, *, guild_id: int | None = None) -> list[CallRecord]:
+        """Calls not ended (`live` or `resume`), oldest first, each with its recent turns (oldest first)."""
+        rows = await self.store.fetchall(
+            "SELECT * FROM voice_calls WHERE state IN ('live', 'resume') AND (? IS NULL OR guild_id = ?) ORDER BY id",
+            (guild_id, guild_id))
+        return [_record(row, await self._turns(row["id"])) for row in rows]
+
+    async def _turns(self, call_id: int) -> tuple[CallTurn, ...]:
+        rows = await self.store.fetchall("SELECT seq, at, role, speaker_id, name, text FROM voice_call_turns "
+                                         "WHERE call_id = ? ORDER BY seq", (call_id,))
+        return tuple(CallTurn(r["seq"], r["at"], r["role"], r["speaker_id"], r["name"], r["text"]) for r in rows)
+
+
+def _record(row, turns: tuple[CallTurn, ...]) -> CallRecord:
+    return CallRecord(id=row["id"], guild_id=row["guild_id"], voice_channel_id=row["voice_channel_id"],
+                      text_channel_id=row["text_channel_id"], started_by=row["started_by"], mode=row["mode"],
+                      captions=bool(row["captions"]), started_at=row["started_at"], ended_at=row["ended_at"],
+                      end_reason=row["end_reason"], state=row["state"], turns=turns)
