@@ -47,24 +47,22 @@ def whole_number(value: Any, low: int, high: int, unit: str, example: str) -> in
 
 def positive_seconds(value: Any) -> float:
     """A finite number of seconds greater than 0 (`nan`, `inf` and `1e999` refuse)."""
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
-        raise ValueError("is not a number of seconds; use e.g. 5 or 2.5") from None
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ValueError("must be a finite number of seconds greater than 0")
-    return seconds
+    return _positive(value, "seconds", "5 or 2.5")
 
 
 def positive_minutes(value: Any) -> float:
-    """A finite number of minutes greater than 0 (`nan`, `inf` refuse)."""
+    """A finite number of minutes greater than 0 (a limit; the variable unset means none)."""
+    return _positive(value, "minutes", "60 or 90 (unset = no limit)", note=" (unset = no limit)")
+
+
+def _positive(value: Any, unit: str, example: str, note: str = "") -> float:
     try:
-        minutes = float(value)
+        number = float(value)
     except (TypeError, ValueError):
-        raise ValueError("is not a number of minutes; use e.g. 60 or 90 (unset = no limit)") from None
-    if not math.isfinite(minutes) or minutes <= 0:
-        raise ValueError("must be a finite number of minutes greater than 0 (unset = no limit)")
-    return minutes
+        raise ValueError(f"is not a number of {unit}; use e.g. {example}") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"must be a finite number of {unit} greater than 0{note}")
+    return number
 
 
 def snowflake(value: Any) -> int:
