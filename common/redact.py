@@ -65,14 +65,6 @@ class CredentialRedactor(logging.Filter):
         return True
 
 
-def redacted_logger(name: str) -> logging.Logger:
-    """A logger (created once per name) whose records never show credentials."""
-    logger = logging.getLogger(name)
-    if not any(isinstance(f, CredentialRedactor) for f in logger.filters):
-        logger.addFilter(CredentialRedactor())
-    return logger
-
-
 def secret_forms(secret: str) -> list[str]:
     """Every way `secret` can show up in text: as sent, inside a URL (percent- or plus-encoded), escaped
     by `repr` or JSON, with its whitespace runs collapsed; longest first."""
@@ -109,4 +101,4 @@ def connection_logger(name: str, secrets: Callable[[], Iterable[str]] = tuple) -
     """The logger to give `websockets` for a connection that carries a key (the Realtime provider, the
     Smartnumbers stream): its upgrade-header dump and everything else it logs, redacted, with the
     connection's own `secrets` removed in any encoding."""
-    return ConnectionLog(redacted_logger(name), secrets)
+    return ConnectionLog(logging.getLogger(name), secrets)

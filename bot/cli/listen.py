@@ -11,13 +11,11 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from bot.cli.args import serve_unless
+from bot.cli.args import EXIT_USAGE, serve_unless
 from bot.phone.listener import KeySource, listener_problem
 from bot.services import Services, build_services, stop_on_signals
 from bot.settings import Settings
 from common.store import StoreError
-
-EXIT_USAGE = 2
 
 
 def run(settings: Settings, key: KeySource | None = None) -> int:

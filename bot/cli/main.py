@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from bot.cli.args import EXIT_USAGE
 from voice import __version__
 
 if TYPE_CHECKING:
@@ -27,7 +28,6 @@ if TYPE_CHECKING:
 # Everything heavy (pydantic, numpy, discord.py) is imported inside `main`, so a Ctrl-C while it
 # loads is exit 130 like any other, not a traceback.
 
-EXIT_USAGE = 2
 EXIT_PIPE = 128 + 13  # SIGPIPE: what a shell shows for a writer whose reader closed
 class OneLineParser(argparse.ArgumentParser):
     """A usage mistake is one line that says what was wrong and where help is (exit 2), not the

@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 
 import discord
 
-from bot.cli.args import serve_unless
+from bot.cli.args import EXIT_USAGE, serve_unless
 from bot.discord.client import SwitchboardBot
 from bot.discord.phone_cards import DiscordPoster
 from bot.phone.delivery import ListenerDelivery
@@ -28,7 +28,7 @@ from voice.call.providers import ProviderConfigError, make_provider
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_FAILED = 0, 1
 SHUTDOWN_BUDGET_S = 10.0
 
 

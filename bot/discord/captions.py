@@ -30,6 +30,7 @@ from bot.discord.caption_log import (
     caption_line,
     plain_line,
 )
+from bot.discord.posts import NO_PINGS
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +52,6 @@ class Phase(enum.Enum):
 
 _PERMISSION_NAMES = {"view_channel": "View Channel", "create_public_threads": "Create Public Threads",
                      "send_messages_in_threads": "Send Messages in Threads"}
-_NO_PINGS = discord.AllowedMentions.none()
 
 
 class CaptionThread:
@@ -188,11 +188,11 @@ class CaptionThread:
         assert thread is not None
         try:
             if isinstance(action, PostMessage):
-                self._posted[action.slot] = await thread.send(action.text, allowed_mentions=_NO_PINGS,
+                self._posted[action.slot] = await thread.send(action.text, allowed_mentions=NO_PINGS,
                                                               suppress_embeds=True)
             else:
                 self._posted[action.slot] = await self._posted[action.slot].edit(
-                    content=action.text, allowed_mentions=_NO_PINGS, suppress=True)
+                    content=action.text, allowed_mentions=NO_PINGS, suppress=True)
         except (discord.HTTPException, OSError, TimeoutError, aiohttp.ClientError) as exc:
             self._fail(f"cannot post in <#{thread.id}> ({self._why(exc)})")
             return

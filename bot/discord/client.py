@@ -29,16 +29,13 @@ from listener.archive import Archive
 from listener.callbacks import Callbacks
 from listener.named_commands import addresses_agent
 from runs import RunService
-
-if TYPE_CHECKING:
-    from bot.services import Services
 from voice.call.identity import build_identity
 from voice.call.providers import make_provider
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from bot.services import Services
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
-SHUTDOWN_BUDGET_S = 10.0
+log = logging.getLogger(__name__)
 
 
 def intents() -> discord.Intents:
@@ -60,7 +57,7 @@ class SwitchboardBot(discord.Client):
         self.gate = OperatorGate(settings.operator_user_ids)
         self.sink = ChannelSink(self, settings.runs_channel_id)
         self.services: Services | None = None  # given by `attach` before the gateway opens
-        self.calls = CallManager(self, runs=lambda: self._runs(), gate=self.gate, provider=self._provider,
+        self.calls = CallManager(self, runs=lambda: self.runs, gate=self.gate, provider=self._provider,
                                  identity=lambda memory: build_identity(settings.home, settings.identity_include, memory=memory),
                                  deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s,
                                  max_minutes=settings.call_max_minutes,
@@ -98,9 +95,6 @@ class SwitchboardBot(discord.Client):
     @property
     def callbacks(self) -> Callbacks:
         return self._services().callbacks
-
-    def _runs(self) -> RunService:
-        return self.runs
 
     def _provider(self):
         s = self.settings

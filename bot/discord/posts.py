@@ -4,7 +4,7 @@ mentions: none), and a post Discord refuses becomes one `PostError` line that sa
 Callers decide what a failed post means: a run's post is kept for `/talk status` and `doctor`
 (`runs_channel`), a call card is retried with the next delivery (`phone_cards`), a note in a call's
 text channel is logged (`calls`). Live captions post and edit in their own thread (`captions`), with
-the same no-pings rule.
+the same no-pings rule (`NO_PINGS`).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from discord import app_commands
 
 from bot.discord.checks import HomeGuildGroup, operator_only, refuse
 from bot.discord.embeds import DESCRIPTION_LIMIT, FIELD_LIMIT, OK, info_embed
+from bot.discord.posts import NO_PINGS
 from listener.callbacks import Callback, CallbackError, check_deliver
 from runs.wording import bounded
 
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-NO_PINGS = discord.AllowedMentions.none()
 
 
 class Refused(Exception):
