@@ -79,6 +79,7 @@ class Settings(BaseSettings):
     endpointing: str = Field("server", validation_alias="SWITCHBOARD_ENDPOINTING")
     identity_include: tuple[str, ...] = Field(IDENTITY_SECTIONS, validation_alias="SWITCHBOARD_IDENTITY_INCLUDE")
     latency_log: Path | None = Field(None, validation_alias="SWITCHBOARD_LATENCY_LOG")
+    session_rollover_s: float = Field(3300.0, validation_alias="SWITCHBOARD_SESSION_ROLLOVER_S")
     openai_api_key: SecretStr | None = Field(None, validation_alias=AliasChoices(*KEY_VARIABLES["openai"]))
     xai_api_key: SecretStr | None = Field(None, validation_alias="XAI_API_KEY")
 
@@ -236,7 +237,8 @@ class Settings(BaseSettings):
     def _min_interruption(cls, value: Any) -> int:
         return rules.whole_number(value, 0, 5000, "milliseconds", "400; 0 = any speech interrupts at once")
 
-    @field_validator("deaf_after_s", "idle_leave_s", "agent_timeout_s", "followup_s", mode="before")
+    @field_validator("deaf_after_s", "idle_leave_s", "agent_timeout_s", "followup_s", "session_rollover_s",
+                     mode="before")
     @classmethod
     def _seconds(cls, value: Any) -> float:
         return rules.positive_seconds(value)

@@ -191,7 +191,8 @@ def _build_engine(provider: RealtimeProvider, transport, settings: Settings, end
     catalogue = ToolCatalogue(AllowKnownSpeakers(), call_tools(runs, requester_of=_no_user_id))
     return CallEngine(provider, transport, catalogue, identity,
                       options=CallOptions(endpointing=endpointing, vad=VadConfig(),
-                                          min_interruption_ms=settings.min_interruption_ms),
+                                          min_interruption_ms=settings.min_interruption_ms,
+                                          rollover_s=settings.session_rollover_s),
                       telemetry=telemetry, on_transcript=_print_transcript, hold_open=hold_open, detector=detector)
 
 

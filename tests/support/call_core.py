@@ -7,12 +7,15 @@ schema (`tests.support.realtime_schema`).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from tests.support.realtime_schema import validate_client_event
 from voice.call.core import (
     CallCore,
     CallOptions,
+    HistoryTurn,
     PlaybackPosition,
     Send,
 )
@@ -65,12 +68,22 @@ class Driven:
     def tick(self, now: float):
         return self.core.tick(now, self.speaker.position())
 
+    def on_playback_idle(self, now: float = 0.0):
+        return self.core.on_playback_idle(now, self.speaker.position())
 
-def make_core(endpointing: str = "server") -> tuple[Driven, Speaker]:
+    def on_next_session_open(self, now: float = 0.0):
+        return self.core.on_next_session_open(now, self.speaker.position())
+
+    def on_next_session_ready(self, now: float = 0.0):
+        return self.core.on_next_session_ready(now, self.speaker.position())
+
+
+def make_core(endpointing: str = "server", *, history: Sequence[HistoryTurn] = (), **options) -> tuple[Driven, Speaker]:
+    """A started core (at time 0); `options` are further `CallOptions`."""
     speaker = Speaker()
     provider = OpenAIRealtime("k", "gpt-realtime-2.1-mini", "marin")
     session = SessionConfig("be brief", "marin", (ToolSpec("t", "d", {"type": "object", "properties": {}}),))
-    core = CallCore(provider, session, CallOptions(endpointing=endpointing))
+    core = CallCore(provider, session, CallOptions(endpointing=endpointing, **options), history=history)
     sent(core.start(0.0))
     return Driven(core, speaker), speaker
 

@@ -25,6 +25,11 @@ Every ``response.done`` reports GA ``usage`` estimated from what the response sa
 connection's previous response saw counts as cached).  :meth:`FakeRealtime.expire_session` ends the
 open sessions as the server does at their maximum duration: ``error`` ``session_expired``, then close.
 
+Sessions: ``fake.connections`` counts the sockets opened; ``fake.received_on(n)`` is what connection
+``n`` (1-based) received, and ``fake.timeline`` every received event as ``(connection, event)`` in
+arrival order, with ``(connection, None)`` where that connection closed — so a test can tell what a
+second session had been given before the first one ended.
+
 Simplifications: audio must be ``audio/pcm`` 24 kHz (VAD is RMS-based on 20 ms
 frames: speech when ``rms/32768 >= 0.1 * threshold``, i.e. 0.05 for the
 default threshold 0.5); responses are audio-only; ``output_audio_buffer.clear``
@@ -99,6 +104,7 @@ class FakeRealtime:
         self.model, self.require_auth, self.host, self.port = model, require_auth, host, port
         self.vad_rms_threshold = vad_rms_threshold
         self.received: list[dict] = []
+        self.timeline: list[tuple[int, Optional[dict]]] = []  # (connection, event); None: it closed
         self.sent: list[dict] = []
         self.violations: list[str] = []
         self.headers: list = []
@@ -152,6 +158,7 @@ class FakeRealtime:
         except ConnectionClosed:
             pass
         finally:
+            self.timeline.append((conn.index, None))
             self._conns.remove(conn)
             conn.cancel_tasks()
 
@@ -194,6 +201,13 @@ class FakeRealtime:
     def items(self) -> list:
         """Conversation items of the most recent open connection."""
         return self._conns[-1].items if self._conns else []
+
+    def received_on(self, connection: int) -> list[dict]:
+        """Every client event connection ``connection`` (1-based, in the order they opened) received."""
+        return [e for n, e in self.timeline if n == connection and e is not None]
+
+    def closed(self, connection: int) -> bool:
+        return (connection, None) in self.timeline
 
     def received_types(self) -> list[str]:
         return [e.get("type") for e in self.received if isinstance(e, dict)]

@@ -144,6 +144,7 @@ class Conn:
             await self.error("invalid_json", "message is not a JSON object")
             return
         self.fake.received.append(ev)
+        self.fake.timeline.append((self.index, ev))
         try:
             validate_client_event(ev)
         except SchemaViolation as exc:

@@ -33,6 +33,24 @@ class Send:
 
 
 @dataclass(frozen=True)
+class OpenNextSession:
+    """Open the next provider session in the background (a proactive rollover); report back with
+    `CallCore.on_next_session_open`, then `on_next_session_ready` once its `SendNext`s are sent."""
+
+
+@dataclass(frozen=True)
+class SendNext:
+    """Send on the session being prepared (not the current one): its configuration and the recent turns."""
+
+    event: dict
+
+
+@dataclass(frozen=True)
+class SwapSession:
+    """The prepared session becomes the current one, now: later `Send`s go to it; close the old one."""
+
+
+@dataclass(frozen=True)
 class PlayAudio:
     item_id: str
     pcm: bytes
@@ -98,4 +116,4 @@ class RecordTurn:
 
 
 Action = (Send | PlayAudio | FinishItem | StopPlayback | PausePlayback | ResumePlayback | RunTool | ShowTranscript | AnnouncementResult
-          | Notice | RecordTurn)
+          | Notice | RecordTurn | OpenNextSession | SendNext | SwapSession)

@@ -8,6 +8,14 @@ no shared objects: a test drives it with a list of inputs and reads a list of ac
 Attribution lives here: every committed turn records the exact speakers of the frames committed,
 every response the core creates keeps its originating turn (tool follow-ups inherit it), and every
 `RunTool` carries that origin. A response the core cannot trace to a turn has unknown attribution.
+
+Sessions: the core keeps the last turns (`HistoryTurn`, with their speakers) and gives them to every
+new session — after a dropped socket, after the provider ended one at its maximum duration, and at
+`start` when the call resumes an earlier conversation. With `CallOptions.rollover_s` it also rolls
+over before the provider's cap: once a session is that old, at a quiet moment (nobody speaking,
+nothing playing, asked for, queued or awaiting its transcription) it asks the shell to open the next
+session (`OpenNextSession`), configures it with the recent turns (`SendNext`), and swaps it in
+(`SwapSession`) at the next quiet moment after it is ready. Nothing is said.
 """
 
 from __future__ import annotations
@@ -15,7 +23,7 @@ from __future__ import annotations
 import enum
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from voice.call import events as ev
@@ -25,6 +33,7 @@ from voice.call.actions import (
     AnnouncementResult,
     FinishItem,
     Notice,
+    OpenNextSession,
     PausePlayback,
     PlayAudio,
     PlaybackPosition,
@@ -32,11 +41,14 @@ from voice.call.actions import (
     ResumePlayback,
     RunTool,
     Send,
+    SendNext,
     ShowTranscript,
     StopPlayback,
+    SwapSession,
 )
 from voice.call.attribution import UNKNOWN, Attribution, speaker_context_text
 from voice.call.floor import Announcement, Floor
+from voice.call.history import HistoryTurn, restore_events
 from voice.call.providers.base import RealtimeProvider, SessionConfig
 from voice.call.speakers import SpeakerTurns, Utterance
 from voice.call.transports.base import RoomTick, TurnContext
@@ -49,6 +61,7 @@ log = logging.getLogger(__name__)
 
 RESTORE_ITEMS = 20
 LIVE_APPEND_FRAMES = 5  # 100 ms
+REPLAY_FRAMES = 25  # server endpointing: the last 500 ms of input go to the next session too (a word may start in them)
 SPOKEN_ERROR_GAP_S = 30.0
 USER_FACING_ERRORS = frozenset({"server_error", "rate_limit_exceeded", "insufficient_quota"})
 # The provider ends a session at its maximum duration (GA: this error, then the socket closes): the next
@@ -129,6 +142,7 @@ class CallOptions:
     transcript_wait_s: float = 5.0  # addressed mode: a turn whose transcription takes longer is left unanswered
     min_interruption_ms: int = 0  # speech over the assistant shorter than this pauses it, then it plays on
     max_turn_ms: int = 30_000  # a longer utterance is cut into turns (others waiting behind it get their go)
+    rollover_s: float | None = None  # a session this old is replaced by the next one at a quiet moment (None: never)
 
 
 class CallCore:
@@ -136,9 +150,10 @@ class CallCore:
 
     def __init__(self, provider: RealtimeProvider, session: SessionConfig, options: CallOptions | None = None,
                  *, logger: logging.Logger | logging.LoggerAdapter | None = None,
-                 detector: SpeechDetector | None = None) -> None:
+                 detector: SpeechDetector | None = None, history: Sequence[HistoryTurn] = ()) -> None:
         """`detector` decides speech in local endpointing (default: loudness, `EnergyDetector`); the
-        shell injects a trained one. It is stateful: one per call."""
+        shell injects a trained one. It is stateful: one per call. `history`: an earlier conversation
+        (oldest first; the last RESTORE_ITEMS are kept) that `start` gives the first session."""
         self.provider = provider
         self.options = options or CallOptions()
         self.log = logger or log
@@ -153,7 +168,9 @@ class CallCore:
         self._active: _Response | None = None
         self._calls: dict[str, _Call] = {}
         self._received_ms: dict[str, float] = {}  # item -> ms of audio received
-        self._history: deque[tuple[str, str]] = deque(maxlen=RESTORE_ITEMS)
+        self._history: deque[HistoryTurn] = deque(history, maxlen=RESTORE_ITEMS)
+        self._history_added = 0  # turns ever added (a prepared session is given those added since)
+        self.spoken_ms: dict[int | None, int] = {}  # user id (None: unknown) -> voiced ms of their finished utterances
         self.turns = TurnLedger()
         self._detector: SpeechDetector = detector or EnergyDetector(self.options.vad.threshold_dbfs)
         self.speakers = SpeakerTurns(self.options.vad, max_turn_ms=self.options.max_turn_ms)
@@ -178,6 +195,12 @@ class CallCore:
         self._last_spoken_problem = -SPOKEN_ERROR_GAP_S
         self._expiring = False  # the provider said the session hit its maximum duration
         self._rollover_lost_turn = False  # a turn was being answered when that session ended
+        self._session_opened_at = 0.0  # when the current session's socket opened
+        self._next = "none"  # the next session: none | opening | ready (a proactive rollover)
+        self._next_opened_at = 0.0
+        self._next_mark = 0  # `_history_added` when the next session was given the history
+        self._recent_audio: deque[bytes] = deque(maxlen=REPLAY_FRAMES)  # server endpointing's last input
+        self._transcripts_due: dict[str, float] = {}  # committed item -> until when its transcription may come
 
     @property
     def connected(self) -> bool:
@@ -201,18 +224,22 @@ class CallCore:
         finished turn records go out as actions."""
         if self._answering is not None:
             actions = actions + self._settle_answering()
+        if self.options.rollover_s is not None:
+            actions = actions + self._rollover()
         records = self.turns.drain()
         return actions + [RecordTurn(r) for r in records] if records else actions
 
     # -- session ---------------------------------------------------------------------------------
 
     def start(self, now: float) -> list[Action]:
-        """The socket is open: configure the session."""
+        """The socket is open: configure the session, and give it the history the call began with."""
         if self.state is not CallState.NEW:
             raise InvalidState(f"start() in state {self.state.value}")
         self._observe(now, None)
         self._set_state(CallState.OPEN)
-        return [Send(self.provider.session_update(self.session))]
+        self._session_opened_at = now
+        return [Send(self.provider.session_update(self.session))] + [
+            Send(event) for event in restore_events(self.provider, self._history)]
 
     def on_disconnect(self, now: float) -> list[Action]:
         """The socket dropped: whatever the server was doing is gone."""
@@ -241,6 +268,8 @@ class CallCore:
         self._owner = None
         self.speakers.reset_sent()
         self._interrupters.clear()
+        self._transcripts_due.clear()  # gone with the session
+        self._next = "none"  # the shell drops a session it was preparing
         return self._resume()
 
     def on_reconnected(self, now: float, playback: PlaybackPosition) -> list[Action]:
@@ -251,10 +280,10 @@ class CallCore:
             raise InvalidState(f"on_reconnected() in state {self.state.value}")
         self._observe(now, playback)
         self._set_state(CallState.OPEN)
+        self._session_opened_at = now
         self.counters["reconnects"] += 1
         actions: list[Action] = [Send(self.provider.session_update(self.session))]
-        for role, text in self._history:
-            actions.append(Send(self.provider.add_text_item(role, text)))
+        actions += [Send(event) for event in restore_events(self.provider, self._history)]
         for response in list(self._responses.values()):
             calls = [self._calls[c] for c in response.calls]
             if not calls or all(c.answered for c in calls):
@@ -276,6 +305,97 @@ class CallCore:
             self.floor.announce(Announcement(0, RECONNECTED_NOTICE), first=True)
             actions.append(Notice("warning", "voice service connection restored"))
         return self._out(actions + self._advance(now) + self._pump())
+
+    # -- proactive rollover: the next session is opened and swapped in while the room is quiet -------
+
+    def rollover_due(self, now: float) -> bool:
+        """The current session is `rollover_s` old (and not already ending on the provider's side)."""
+        rollover_s = self.options.rollover_s
+        return (rollover_s is not None and self.state is CallState.OPEN and not self._expiring
+                and now - self._session_opened_at >= rollover_s)
+
+    def on_next_session_open(self, now: float, playback: PlaybackPosition) -> list[Action]:
+        """The socket `OpenNextSession` asked for is open: what to send it (`SendNext`), in order —
+        the session's configuration, the recent turns, the tool calls not answered yet. Report
+        `on_next_session_ready` once they are sent."""
+        if self.state is CallState.ENDED:
+            return []
+        if self._next != "opening" or self.state is not CallState.OPEN:
+            raise InvalidState(f"on_next_session_open() with the next session {self._next}, call {self.state.value}")
+        self._observe(now, playback)
+        self._next_opened_at = now
+        self._next_mark = self._history_added
+        events = [self.provider.session_update(self.session), *restore_events(self.provider, self._history)]
+        for response in self._responses.values():
+            calls = [self._calls[c] for c in response.calls]
+            if calls and not all(c.answered for c in calls):  # the new session must know what its tools returned
+                for call in calls:
+                    events.append(self.provider.add_function_call(call.call_id, call.name, call.arguments))
+                    if call.output is not None:
+                        events.append(self.provider.function_output(call.call_id, call.output))
+        return [SendNext(event) for event in events]
+
+    def on_next_session_ready(self, now: float, playback: PlaybackPosition) -> list[Action]:
+        """Everything `on_next_session_open` returned has been sent: swap at the next quiet moment (now, if it is)."""
+        if self.state is CallState.ENDED:
+            return []
+        if self._next != "opening":
+            raise InvalidState(f"on_next_session_ready() with the next session {self._next}")
+        self._observe(now, playback)
+        self._set_next("ready")
+        return self._out([])
+
+    def on_next_session_lost(self, now: float) -> list[Action]:
+        """The next session could not be used (it closed before the swap): the current one goes on, and
+        another is opened at a later quiet moment (the shell paces its attempts)."""
+        if self._next != "none":
+            self._set_next("none")
+        return []
+
+    def _set_next(self, state: str) -> None:
+        self.log.debug("next session %s -> %s", self._next, state)
+        self._next = state
+
+    def _rollover(self) -> list[Action]:
+        if self._next == "opening" or not self.rollover_due(self._now) or not self._quiet():
+            return []
+        if self._next == "none":
+            self._set_next("opening")
+            return [OpenNextSession()]
+        return self._swap()
+
+    def _swap(self) -> list[Action]:
+        """The prepared session becomes the current one: it gets the turns added since it was prepared
+        (and, with server endpointing, the last half second of input), and nobody hears a thing."""
+        age = self._now - self._session_opened_at
+        self._set_next("none")
+        self._session_opened_at = self._next_opened_at
+        self.counters["rollovers"] += 1
+        added = min(self._history_added - self._next_mark, len(self._history))
+        recent = list(self._history)[len(self._history) - added:] if added else []
+        actions: list[Action] = [SwapSession()]
+        actions += [Send(event) for event in restore_events(self.provider, recent)]
+        if self._recent_audio:
+            actions.append(Send(self.provider.append_audio(b"".join(self._recent_audio))))
+        self._owner = None
+        self.speakers.reset_sent()
+        actions.append(Notice("info", f"rolled over to the next voice session after {age:.0f} s, with the recent turns"))
+        return actions
+
+    def _quiet(self) -> bool:
+        """Nobody speaking or waiting for an answer, nothing playing, asked for, queued, running or
+        awaiting its transcription: the session can change hands without anyone hearing it."""
+        return (not self.user_speaking and not self.speakers.speaking and not self.speakers.queue
+                and self._answering is None and not self._uncommitted and not self._interrupters
+                and self._active is None and self.floor.empty() and self.floor.hold_announcements_until <= self._now
+                and not self._playback.playing and not self._paused
+                and all(c.output_sent for c in self._calls.values()) and not self._transcribing())
+
+    def _transcribing(self) -> bool:
+        for item, until in list(self._transcripts_due.items()):
+            if until <= self._now:
+                del self._transcripts_due[item]  # it is not coming: the turn stays without its words
+        return bool(self._transcripts_due)
 
     def end(self, now: float) -> list[Action]:
         """The call is over: every undelivered announcement is reported as not delivered. Idempotent."""
@@ -303,6 +423,7 @@ class CallCore:
         self._observe(now, playback)
         if self.options.endpointing == "server":
             self.turns.hear(context)
+            self._recent_audio.append(frame)
             actions: list[Action] = [Send(self.provider.append_audio(frame))]
             if self.floor.announcements and self._active is None and not self.floor.inflight:
                 actions += self._pump()
@@ -333,6 +454,7 @@ class CallCore:
         if self._interrupters:
             actions += self._judge_interruptions(now)
         for utterance in heard.ended:
+            self.spoken_ms[utterance.user_id] = self.spoken_ms.get(utterance.user_id, 0) + utterance.voiced_ms
             if utterance.cut:
                 self.counters["turns_cut"] += 1
         self.user_speaking = self.speakers.anyone_speaking
@@ -549,6 +671,10 @@ class CallCore:
         return self._pump()
 
     def _on_committed(self, event: ev.InputCommitted, now: float) -> list[Action]:
+        if event.item_id and self.session.transcribe_input:
+            self._transcripts_due[event.item_id] = now + self.options.transcript_wait_s
+            while len(self._transcripts_due) > 64:
+                self._transcripts_due.pop(next(iter(self._transcripts_due)))
         if self.options.endpointing != "server":
             if self._uncommitted and event.item_id:  # our commits are answered in the order we sent them
                 answering = self._uncommitted.popleft()
@@ -566,19 +692,26 @@ class CallCore:
 
     def _on_user_transcript(self, event: ev.UserTranscript, now: float) -> list[Action]:
         text = event.text.strip()
+        self._transcripts_due.pop(event.item_id or "", None)
         answering = self._items.get(event.item_id or "")
         actions: list[Action] = []
         if answering is not None and answering is self._answering and not answering.decided:
             actions += self._decide(answering, text, now)
         if not text:
             return actions
-        self._history.append(("user", text))
         if answering is None:
+            self._remember(HistoryTurn("user", text))
             return actions + [ShowTranscript("user", text)]
         utterance = answering.utterance
+        self._remember(HistoryTurn("user", text, utterance.user_id, utterance.name))
         return actions + [ShowTranscript("user", text, utterance.user_id, utterance.name)]
 
+    def _remember(self, turn: HistoryTurn) -> None:
+        self._history.append(turn)
+        self._history_added += 1
+
     def _on_user_transcript_failed(self, event: ev.UserTranscriptFailed, now: float) -> list[Action]:
+        self._transcripts_due.pop(event.item_id or "", None)
         answering = self._items.get(event.item_id or "")
         if answering is not None and answering is self._answering and not answering.decided:
             return self._decide(answering, None, now)
@@ -643,7 +776,7 @@ class CallCore:
             return []
         if response is not None and response.cancelled:
             return [ShowTranscript("assistant", event.text.strip() + " [interrupted]")]
-        self._history.append(("assistant", event.text.strip()))
+        self._remember(HistoryTurn("assistant", event.text.strip()))
         return [ShowTranscript("assistant", event.text.strip())]
 
     def _on_function_call(self, event: ev.FunctionCall, now: float) -> list[Action]:
@@ -786,13 +919,19 @@ class CallCore:
         return self._out(actions + self._pump())
 
     def wake_at(self) -> float | None:
-        """When the core next needs `tick`, or None: an announcement held for the server's answer, or
-        the end of a transcription wait (addressed mode)."""
+        """When the core next needs `tick`, or None: an announcement held for the server's answer, the
+        end of a transcription wait (addressed mode), or — with `rollover_s` — the session's rollover
+        age and, past it, the timed waits the next quiet moment depends on."""
         hold = self.floor.hold_announcements_until
         times = [hold] if self.floor.announcements and hold > self._now else []
         answering = self._answering
         if answering is not None and not answering.decided:
             times.append(answering.deadline)
+        rollover_s = self.options.rollover_s
+        if rollover_s is not None and self.state is CallState.OPEN and self._next != "opening":
+            due = self._session_opened_at + rollover_s
+            waits = [due] if due > self._now else [hold, *self._transcripts_due.values()]
+            times += [t for t in waits if t > self._now]
         return min(times) if times else None
 
     def _answered(self, response: _Response, now: float) -> None:
@@ -855,8 +994,14 @@ class CallCore:
             "pending_tool_calls": sum(1 for c in self._calls.values() if c.output is None),
             "queued_announcements": len(self.floor.announcements),
             "counters": dict(self.counters),
+            "spoken_ms": {("unattributed" if user is None else str(user)): ms for user, ms in self.spoken_ms.items()},
             "last_error": self.last_error,
         }
+
+    @property
+    def history(self) -> tuple[HistoryTurn, ...]:
+        """The recent turns a new session is given (oldest first)."""
+        return tuple(self._history)
 
     def idle(self) -> bool:
         """Nothing in flight: no response, no queued work, no unanswered tool call."""
@@ -881,7 +1026,7 @@ _HANDLERS = {
 }
 
 __all__ = [
-    "Action", "AnnouncementResult", "CallCore", "CallOptions", "CallState", "FinishItem", "InvalidState",
-    "Notice", "PausePlayback", "PlayAudio", "PlaybackPosition", "RecordTurn", "ResumePlayback", "RunTool", "Send",
-    "ShowTranscript", "StopPlayback",
+    "Action", "AnnouncementResult", "CallCore", "CallOptions", "CallState", "FinishItem", "HistoryTurn", "InvalidState",
+    "Notice", "OpenNextSession", "PausePlayback", "PlayAudio", "PlaybackPosition", "RecordTurn", "ResumePlayback",
+    "RunTool", "Send", "SendNext", "ShowTranscript", "StopPlayback", "SwapSession",
 ]

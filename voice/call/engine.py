@@ -3,6 +3,12 @@
 Everything that decides lives in `voice.call.core.CallCore`; this module moves bytes and time: it reads
 provider events, feeds user frames, runs tools off the audio path, sends what the core asks for
 (in order, through one writer), reconnects with backoff, and settles announcements.
+
+Each provider socket has its own reader; only the current socket's events reach the core. A proactive
+rollover (`CallOptions.rollover_s`) opens the next socket in the background when the core asks
+(`OpenNextSession`), sends it what the core gives (`SendNext`), and makes it the current one when the
+core says (`SwapSession`, at a quiet moment); the old socket is then closed. A next socket that cannot
+be opened is retried with the reconnect backoff, logged once; the call goes on in the old session.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import logging
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import websockets
@@ -32,15 +38,19 @@ from voice.call.core import (
     CallCore,
     CallOptions,
     FinishItem,
+    HistoryTurn,
     Notice,
+    OpenNextSession,
     PausePlayback,
     PlayAudio,
     RecordTurn,
     ResumePlayback,
     RunTool,
     Send,
+    SendNext,
     ShowTranscript,
     StopPlayback,
+    SwapSession,
 )
 from voice.call.identity import Identity
 from voice.call.logs import CallLogger
@@ -97,7 +107,10 @@ class CallEngine:
         hold_open: Callable[[], bool] | None = None,
         detector: SpeechDetector | None = None,
         vad_name: str | None = None,
+        history: Sequence[HistoryTurn] = (),
     ) -> None:
+        """`history`: an earlier conversation this call continues (e.g. after a restart), given to the
+        first session as context; nothing is said because of it."""
         self.call = call or CallInfo(secrets.token_hex(4))
         self.log = CallLogger(log, self.call.call_id)
         self.provider = provider
@@ -113,7 +126,7 @@ class CallEngine:
             detector = speech_detector(self.options.vad, self.log)
         self.detector = detector
         self.vad_name = vad_name or (detector.name if detector is not None else None)  # a room's VAD lives in its transport
-        self.core = CallCore(provider, session, self.options, logger=self.log, detector=detector)
+        self.core = CallCore(provider, session, self.options, logger=self.log, detector=detector, history=history)
         self._connector = connector
         self._clock = clock
         self._sleep = sleep
@@ -122,7 +135,12 @@ class CallEngine:
         silence = self.options.vad.silence_ms / 1000
         self._settle_s = settle_s if settle_s is not None else silence + 0.8
         self._hold_open = hold_open
-        self._ws: Any = None
+        self._ws: Any = None  # the current session's socket
+        self._next_ws: Any = None  # the next session's, while it is prepared (a proactive rollover)
+        self._preparing: asyncio.Task | None = None
+        self._next_failures = 0  # attempts in a row that gave no usable next session (the backoff's index)
+        self._readers: set[asyncio.Task] = set()  # one per open socket
+        self._retiring: set[asyncio.Task] = set()  # closings of sockets the call no longer uses
         self._outbox: asyncio.Queue[dict] = asyncio.Queue()
         self._tasks: set[asyncio.Task] = set()
         self._announce_ids = itertools.count(1)
@@ -159,9 +177,9 @@ class CallEngine:
             return
         self._ws = opening.result()
         self._execute(self.core.start(self._clock()))
+        self._read(self._ws)
         workers = [
             asyncio.create_task(self._writer(), name="realtime-writer"),
-            asyncio.create_task(self._reader(), name="realtime-reader"),
             asyncio.create_task(self._pump_input(), name="call-input"),
             asyncio.create_task(self._watch_settled(), name="call-settle"),
         ]
@@ -171,13 +189,15 @@ class CallEngine:
             self._stopping = True
             if self._timer is not None:
                 self._timer.cancel()
-            for task in workers + list(self._tasks):
+            chores = [*workers, *self._tasks, *self._readers, *([self._preparing] if self._preparing else [])]
+            for task in chores:
                 task.cancel()
-            await asyncio.gather(*workers, *self._tasks, return_exceptions=True)
+            await asyncio.gather(*chores, *self._retiring, return_exceptions=True)
             self._execute(self.core.end(self._clock()))
-            if self._ws is not None:
-                with contextlib.suppress(Exception):
-                    await self._ws.close()
+            for ws in (self._ws, self._next_ws):
+                if ws is not None:
+                    with contextlib.suppress(Exception):
+                        await ws.close()
         if self._failure is not None:
             raise self._failure
 
@@ -208,16 +228,31 @@ class CallEngine:
             raise CallFailed(f"could not reach the voice service at {_safe_url(self.provider.url())}: "
                              f"{type(exc).__name__}: {exc}") from None
 
-    async def _reader(self) -> None:
-        while not self._stopping:
-            try:
-                async for message in self._ws:
+    def _read(self, ws: Any) -> None:
+        task = asyncio.create_task(self._reader(ws), name="realtime-reader")
+        self._readers.add(task)
+        task.add_done_callback(self._readers.discard)
+
+    async def _reader(self, ws: Any) -> None:
+        """One socket until it closes. The current session's events go to the core; a session being
+        prepared only has its errors logged; a retired one's last events are no longer this call's."""
+        try:
+            async for message in ws:
+                if ws is self._ws:
                     self._on_message(message)
-            except websockets.exceptions.ConnectionClosed:
-                pass
-            if self._stopping:
-                return
+                elif ws is self._next_ws:
+                    self._on_next_message(message)
+        except websockets.exceptions.ConnectionClosed:
+            pass
+        if self._stopping:
+            return
+        if ws is self._ws:
             await self._reconnect()
+        elif ws is self._next_ws:
+            self._next_ws = None
+            self._next_failures += 1
+            self.log.warning("the next voice session closed before it was used; keeping this one")
+            self._execute(self.core.on_next_session_lost(self._clock()))
 
     def _on_message(self, message: str | bytes) -> None:
         try:
@@ -231,9 +266,17 @@ class CallEngine:
         for neutral in self.provider.parse(event):
             self._execute(self.core.on_provider(neutral, now, self._position()))
 
+    def _on_next_message(self, message: str | bytes) -> None:
+        """The session being prepared answers its configuration; only a problem is worth a line."""
+        with contextlib.suppress(ValueError):
+            event = json.loads(message)
+            if isinstance(event, dict) and event.get("type") == "error":
+                self.log.warning("the next voice session reported: %s", json.dumps(event.get("error"))[:300])
+
     async def _reconnect(self) -> None:
         self.log.warning("voice service connection dropped; reconnecting")
         self._clear_outbox()
+        self._drop_next()  # the new session gets everything anyway
         self._execute(self.core.on_disconnect(self._clock()))
         for attempt, delay in enumerate(self._backoff, 1):
             await self._sleep(delay)
@@ -242,12 +285,80 @@ class CallEngine:
             except CallFailed as exc:
                 self.log.warning("reconnect attempt %d failed: %s", attempt, exc)
                 continue
+            self._read(self._ws)
             self._execute(self.core.on_reconnected(self._clock(), self._position()))
             return
         self._failure = CallFailed(f"lost the voice service connection and could not reconnect after "
                                    f"{len(self._backoff)} attempts")
         self._stopping = True
         self._done.set()
+
+    # -- the next session (a proactive rollover) ---------------------------------------------------
+
+    def _prepare_next(self) -> None:
+        if self._preparing is None or self._preparing.done():
+            self._preparing = asyncio.create_task(self._open_next(), name="realtime-next-session")
+
+    async def _open_next(self) -> None:
+        """Open the next session — after a failure, with the reconnect backoff, its last delay repeating
+        — and give it what the core says; the core swaps it in when the room is quiet."""
+        while True:
+            if self._next_failures:
+                backoff = self._backoff or DEFAULT_BACKOFF
+                await self._sleep(backoff[min(self._next_failures, len(backoff)) - 1])
+            try:
+                ws = await self._open()
+                break
+            except CallFailed as exc:
+                if not self._next_failures:  # once per outage, not once per attempt
+                    self.log.warning("could not open the next voice session (%s); the call goes on in this "
+                                     "one, retrying", exc)
+                self._next_failures += 1
+        if self._stopping or self.core.ended:
+            await ws.close()
+            return
+        if self._next_failures:
+            self.log.info("the next voice session is open (after %d failed attempts)", self._next_failures)
+        self._next_ws = ws
+        self._read(ws)
+        actions = self.core.on_next_session_open(self._clock(), self._position())
+        try:
+            for action in actions:
+                if isinstance(action, SendNext):
+                    await ws.send(json.dumps(action.event))
+                    self.sent_events += 1
+        except websockets.exceptions.ConnectionClosed:
+            return  # its reader reports it lost
+        if ws is self._next_ws:
+            self._execute(self.core.on_next_session_ready(self._clock(), self._position()))
+
+    def _swap(self) -> None:
+        old, new = self._ws, self._next_ws
+        if new is None:  # the core and the shell disagree: a bug, but the call goes on in this session
+            self.log.error("asked to swap in a next voice session that is not open")
+            return
+        self._ws, self._next_ws = new, None
+        self._next_failures = 0
+        self._retire(old)
+
+    def _retire(self, ws: Any) -> None:
+        """Close a socket the call no longer uses, in the background (its reader ends with it)."""
+        async def close() -> None:
+            with contextlib.suppress(Exception):
+                await ws.close()
+
+        task = asyncio.create_task(close(), name="realtime-retire")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    def _drop_next(self) -> None:
+        """Forget a next session being opened or waiting (the current one dropped, or the call ends)."""
+        if self._preparing is not None and self._preparing is not asyncio.current_task():
+            self._preparing.cancel()
+        self._preparing = None
+        ws, self._next_ws = self._next_ws, None
+        if ws is not None:
+            self._retire(ws)
 
     def _clear_outbox(self) -> None:
         while not self._outbox.empty():
@@ -343,6 +454,10 @@ class CallEngine:
         for action in actions:
             if isinstance(action, Send):
                 self._outbox.put_nowait(action.event)
+            elif isinstance(action, OpenNextSession):
+                self._prepare_next()
+            elif isinstance(action, SwapSession):
+                self._swap()
             elif isinstance(action, PlayAudio):
                 self.transport.play(action.pcm, action.item_id)
             elif isinstance(action, FinishItem):
@@ -385,12 +500,19 @@ class CallEngine:
     # -- status -----------------------------------------------------------------------------------
 
     @property
+    def spoken_ms(self) -> dict[int | None, int]:
+        """How long each person spoke in this call, in ms of speech (None: speech nobody could be named for)."""
+        return dict(self.core.spoken_ms)
+
+    @property
     def usage(self) -> CallUsage:
         """What the provider reported this call used so far, over every session it held."""
         return self.core.usage
 
     def status(self) -> dict:
         """What talk_status reports: never instructions' content, never secrets."""
+        core = self.core.status()
+        spoken = core.pop("spoken_ms")
         return {
             "call_id": self.call.call_id,
             "version": __version__,
@@ -399,7 +521,8 @@ class CallEngine:
             "voice": getattr(self.provider, "voice", None),
             "endpointing": self.options.endpointing,
             "vad": self.vad_name,
-            "audio": {"assistant_playing": self.transport.is_playing(), **self.core.status()},
+            "audio": {"assistant_playing": self.transport.is_playing(), **core},
+            "spoken_ms": spoken,
             "identity": {"sections": dict(self.identity.sections), "problems": dict(self.identity.problems)},
             "tools": self.catalogue.names(),
             "usage": self.usage.to_json(),
