@@ -1,8 +1,10 @@
-"""One model for a phone call's transcript, whatever format it arrived in.
+"""One model for a call's transcript, whatever format it arrived in: a phone call's, or a Discord
+voice call's turns brought into it by the app (`bot.discord.debrief`).
 
 Everything here is external, untrusted data: it informs, it never authorises. Which speaker is
 "the user" (the person Switchboard works for) is decided by the local direction mapping
-(`user_label`), never by anything in the payload.
+(`user_label`), never by anything in the payload; in a Discord call, the operators are decided by
+their immutable ids (the speaker labels), never by a display name.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ from dataclasses import dataclass, field
 @dataclass(frozen=True, slots=True)  # slots: a long call holds tens of thousands of these
 class Turn:
     """One turn: its 0-based position, the speaker's label (`TO`, `FROM` as written; a JSON speaker
-    given as a participant id is that participant's label), its text (lines joined with "\\n",
-    stripped), times in seconds when given, and the source's own turn id when it has one."""
+    given as a participant id is that participant's label; in a Discord call, the speaker's immutable
+    id), its text (lines joined with "\\n", stripped), times in seconds when given, the source's own
+    turn id when it has one, and the display name the speaker was shown with when the source has one
+    (a Discord call's: untrusted data, it never decides who spoke)."""
 
     index: int
     speaker: str
@@ -22,6 +26,7 @@ class Turn:
     start_s: float | None = None
     end_s: float | None = None
     source_turn_id: str | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,13 @@ def user_label_for(direction: str | None, *, inbound: str = "TO", outbound: str 
 
 @dataclass(frozen=True)
 class Fact:
-    """A durable fact the user stated (or confirmed): its text, the verbatim quote, and the turns it came from."""
+    """A durable fact a trusted speaker stated (or confirmed): its text, the verbatim quote, the turns it
+    came from and who spoke them (speaker labels), and the confirming turn's verbatim quote."""
 
     text: str
     quote: str
     assertion_turn: int  # 0-based turn index
     speaker: str
     confirmation_turn: int | None = None
+    confirmed_by: str | None = None  # the confirming turn's speaker label
+    confirmation_quote: str | None = None

@@ -11,7 +11,8 @@ the service. One repository a group of tables, all over the same database:
   `WAITING`, `POSTING`…), the card and the results it releases changed together;
 - `CallbackRepository`: the user's post-call callbacks (`listener_callbacks`);
 - `TokenRepository`: callback-mutation tokens, hashes only (`listener_tokens`);
-- `FactRepository`: durable facts with their provenance (`listener_facts` and its FTS5 index).
+- `FactRepository`: durable facts with their provenance — a phone call's or a Discord call's —
+  (`listener_facts` and its FTS5 index), and the Discord calls already debriefed (`listener_debriefs`).
 
 A method that must be atomic across processes is one `BEGIN IMMEDIATE` transaction (the store's
 `transaction()`) or one statement (`execute`); a read-decide-write takes the decision as a callable,
@@ -147,6 +148,53 @@ MIGRATIONS: tuple[tuple[str, int, str], ...] = ((PACKAGE, 1, """
     # version 4: claims say who holds them and since when (several processes share the store): a
     # job slot claimed by a process that is gone is taken again; `listener_steps` holds who is
     # learning a call's facts or posting its card right now, so two listeners never do both twice
+    (PACKAGE, 5, """
+    CREATE TABLE listener_facts_v5 (
+        id                 INTEGER PRIMARY KEY AUTOINCREMENT,
+        transcript_id      INTEGER REFERENCES transcripts (id) ON DELETE CASCADE,
+        guild_id           INTEGER,
+        call_id            INTEGER,
+        fact               TEXT    NOT NULL,
+        quote              TEXT    NOT NULL,
+        assertion_turn     INTEGER NOT NULL,
+        speaker            TEXT    NOT NULL,
+        confirmation_turn  INTEGER,
+        confirmed_by       TEXT,
+        confirmation_quote TEXT,
+        created_at         REAL    NOT NULL,
+        UNIQUE (transcript_id, fact),
+        UNIQUE (call_id, fact),
+        CHECK ((transcript_id IS NULL) <> (call_id IS NULL)),
+        CHECK ((call_id IS NULL) = (guild_id IS NULL))
+    );
+    INSERT INTO listener_facts_v5 (id, transcript_id, fact, quote, assertion_turn, speaker, confirmation_turn,
+                                   created_at)
+        SELECT id, transcript_id, fact, quote, assertion_turn, speaker, confirmation_turn, created_at
+        FROM listener_facts;
+    DROP TABLE listener_facts;
+    ALTER TABLE listener_facts_v5 RENAME TO listener_facts;
+    CREATE INDEX listener_facts_by_time ON listener_facts (created_at);
+    CREATE TRIGGER listener_facts_ai AFTER INSERT ON listener_facts BEGIN
+        INSERT INTO listener_facts_fts (rowid, fact) VALUES (new.id, new.fact);
+    END;
+    CREATE TRIGGER listener_facts_ad AFTER DELETE ON listener_facts BEGIN
+        INSERT INTO listener_facts_fts (listener_facts_fts, rowid, fact) VALUES ('delete', old.id, old.fact);
+    END;
+    CREATE TABLE listener_debriefs (
+        call_id      INTEGER PRIMARY KEY,
+        guild_id     INTEGER NOT NULL,
+        facts        INTEGER NOT NULL,
+        rejected     INTEGER NOT NULL,
+        debriefed_at REAL    NOT NULL
+    );
+"""),
+    # version 5: facts from Discord voice calls beside the phone calls' — one table, one index, one
+    # memory. A fact comes from an archived phone call (`transcript_id`) or a Discord call (`guild_id`,
+    # `call_id`: the voice package's call row, not a foreign key: the listener owns no voice table),
+    # never both; SQLite cannot relax a NOT NULL in place, so the table is rebuilt (ids and the FTS5
+    # index kept) and its triggers made again. Each fact also keeps who confirmed it and their words
+    # (a Discord call keeps only its last turns). `listener_debriefs`: one row per Discord call whose
+    # facts were learned, written with them, so a second debrief adds nothing
 )
 
 
@@ -535,13 +583,17 @@ class TokenRepository:
 
 # -- durable facts ------------------------------------------------------------------------------------
 
-_FACT_COLUMNS = ("f.id, f.fact, f.quote, f.assertion_turn, f.speaker, f.confirmation_turn, f.created_at, "
-                 "t.conversation_id, t.received_at")
+_FACT_COLUMNS = ("f.id, f.fact, f.quote, f.assertion_turn, f.speaker, f.confirmation_turn, f.confirmed_by, "
+                 "f.created_at, f.guild_id, f.call_id, t.conversation_id, t.received_at")
 
 
 class FactRepository:
-    """Durable facts (`listener_facts`, indexed in `listener_facts_fts` by triggers). Rows of `newest`
-    and `search` carry the fact's columns and its call's conversation_id and received_at."""
+    """Durable facts (`listener_facts`, indexed in `listener_facts_fts` by triggers), each from an
+    archived phone call (`transcript_id`) or a Discord call (`guild_id`, `call_id`), and the Discord
+    calls debriefed (`listener_debriefs`). Rows of `newest`, `search` and `of_discord_call` carry the
+    fact's columns and, for a phone call's, its conversation_id and received_at (NULL for a Discord
+    call's). `assertion_turn`/`confirmation_turn` are 0-based turn indexes: a Discord call turn's is
+    its seq - 1."""
 
     def __init__(self, db: Database) -> None:
         self.db = db
@@ -553,30 +605,61 @@ class FactRepository:
         async with self.db.transaction() as conn:
             for fact in facts:
                 cursor = await conn.execute(
-                    "INSERT OR IGNORE INTO listener_facts (transcript_id, fact, quote, assertion_turn, speaker, "
-                    "confirmation_turn, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    "INSERT INTO listener_facts (transcript_id, fact, quote, assertion_turn, speaker, "
+                    "confirmation_turn, confirmed_by, confirmation_quote, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (transcript_id, fact) DO NOTHING",
                     (transcript_id, fact.text, fact.quote, fact.assertion_turn, fact.speaker, fact.confirmation_turn,
-                     clock()))
+                     fact.confirmed_by, fact.confirmation_quote, clock()))
                 added += cursor.rowcount
             await conn.execute("UPDATE transcripts SET memory_status = 'done' WHERE id = ?", (transcript_id,))
         return added
 
+    async def save_call(self, guild_id: int, call_id: int, facts: Sequence[Fact], *, rejected: int,
+                        clock: Callable[[], float]) -> int | None:
+        """Store a Discord call's facts and its `listener_debriefs` row in one transaction; returns how
+        many facts are new, or None (nothing written) when the call has its row already."""
+        added = 0
+        async with self.db.transaction() as conn:
+            async with conn.execute("SELECT 1 FROM listener_debriefs WHERE call_id = ?", (call_id,)) as cursor:
+                if await cursor.fetchone() is not None:
+                    return None
+            for fact in facts:
+                cursor = await conn.execute(
+                    "INSERT INTO listener_facts (guild_id, call_id, fact, quote, assertion_turn, speaker, "
+                    "confirmation_turn, confirmed_by, confirmation_quote, created_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (call_id, fact) DO NOTHING",
+                    (guild_id, call_id, fact.text, fact.quote, fact.assertion_turn, fact.speaker,
+                     fact.confirmation_turn, fact.confirmed_by, fact.confirmation_quote, clock()))
+                added += cursor.rowcount
+            await conn.execute("INSERT INTO listener_debriefs (call_id, guild_id, facts, rejected, debriefed_at) "
+                               "VALUES (?, ?, ?, ?, ?)", (call_id, guild_id, added, rejected, clock()))
+        return added
+
+    async def debriefed(self, call_id: int) -> bool:
+        return await self.db.fetchone("SELECT 1 FROM listener_debriefs WHERE call_id = ?", (call_id,)) is not None
+
     async def newest(self, limit: int) -> list[Any]:
         return await self.db.fetchall(
-            f"SELECT {_FACT_COLUMNS} FROM listener_facts f JOIN transcripts t ON t.id = f.transcript_id "
+            f"SELECT {_FACT_COLUMNS} FROM listener_facts f LEFT JOIN transcripts t ON t.id = f.transcript_id "
             "ORDER BY f.created_at DESC, f.id DESC LIMIT ?", (limit,))
 
     async def search(self, match: str, *, limit: int, offset: int) -> list[Any]:
         """Facts matching the FTS5 query `match`, best first, `limit` rows from `offset`."""
         return await self.db.fetchall(
             f"SELECT {_FACT_COLUMNS} FROM listener_facts_fts JOIN listener_facts f ON f.id = listener_facts_fts.rowid "
-            "JOIN transcripts t ON t.id = f.transcript_id WHERE listener_facts_fts MATCH ? "
+            "LEFT JOIN transcripts t ON t.id = f.transcript_id WHERE listener_facts_fts MATCH ? "
             "ORDER BY bm25(listener_facts_fts), f.id LIMIT ? OFFSET ?", (match, limit, offset))
 
     async def of_call(self, transcript_id: int) -> list[Any]:
-        """The call's facts in the order learned: fact, assertion_turn, confirmation_turn."""
+        """The phone call's facts in the order learned: fact, assertion_turn, confirmation_turn."""
         return await self.db.fetchall("SELECT fact, assertion_turn, confirmation_turn FROM listener_facts WHERE "
                                       "transcript_id = ? ORDER BY id", (transcript_id,))
+
+    async def of_discord_call(self, call_id: int) -> list[Any]:
+        """The Discord call's facts in the order learned."""
+        return await self.db.fetchall(
+            f"SELECT {_FACT_COLUMNS} FROM listener_facts f LEFT JOIN transcripts t ON t.id = f.transcript_id "
+            "WHERE f.call_id = ? ORDER BY f.id", (call_id,))
 
 
 # -- read-only, through a synchronous connection (`switchboard doctor`) -------------------------------
