@@ -59,7 +59,8 @@ class StopRequest:
 
 @dataclass(frozen=True)
 class RunTicket:
-    """One background run as recorded in the store. `id` is the number users say ("run 3")."""
+    """One background run as recorded in the store. `id` is the number users say ("run 3");
+    `origin` is what started it when that is known (a voice call's id), else None."""
 
     id: int
     lane: str
@@ -82,6 +83,7 @@ class RunTicket:
     delivery: Delivery = Delivery.PENDING
     announced: bool | None = None
     delivered_at: float | None = None
+    origin: str | None = None
 
     @property
     def active(self) -> bool:

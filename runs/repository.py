@@ -75,6 +75,11 @@ MIGRATIONS = (
         );
         CREATE INDEX run_events_by_run ON run_events (run_id, id);
     """),
+    # What started a run (a voice call's id), so a call's recap can list the runs it started.
+    Migration(PACKAGE, 2, """
+        ALTER TABLE runs ADD COLUMN origin TEXT;
+        CREATE INDEX runs_by_origin ON runs (origin);
+    """),
 )
 
 _TERMINAL_SQL = ", ".join(f"'{s.value}'" for s in TERMINAL)
@@ -108,7 +113,7 @@ def _ticket(row: sqlite3.Row) -> RunTicket:
         progress=row["progress"], started_at=row["started_at"], finished_at=row["finished_at"],
         approval=_approval(row["approval"]), stop=stop, delivery=Delivery(row["delivery"]),
         announced=None if row["announced"] is None else bool(row["announced"]),
-        delivered_at=row["delivered_at"],
+        delivered_at=row["delivered_at"], origin=row["origin"],
     )
 
 
@@ -133,16 +138,16 @@ class RunRepository:
     # -- tickets -----------------------------------------------------------------------------------
 
     async def create(self, *, lane: str, task: str, requester_id: int | None, owner: str,
-                     idempotency_key: str, now: float) -> RunTicket:
+                     idempotency_key: str, now: float, origin: str | None = None) -> RunTicket:
         """Insert and commit a `starting` ticket (before the lane is asked to start anything)."""
         async with self.store.transaction() as db:
-            run_id = await _insert_starting(db, lane, task, requester_id, owner, idempotency_key, now)
+            run_id = await _insert_starting(db, lane, task, requester_id, owner, idempotency_key, now, origin)
         ticket = await self.get(run_id)
         assert ticket is not None
         return ticket
 
     async def create_once(self, *, lane: str, task: str, requester_id: int | None, owner: str,
-                          idempotency_key: str, now: float) -> tuple[RunTicket, bool]:
+                          idempotency_key: str, now: float, origin: str | None = None) -> tuple[RunTicket, bool]:
         """`create`, idempotent on `idempotency_key`: the ticket already recorded under that key (and
         False) when there is one — whichever task or process asked first — else a new one (and True).
         A start retried after a crash finds the run the first attempt recorded, never a second."""
@@ -151,7 +156,7 @@ class RunRepository:
                 row = await cursor.fetchone()
             created = row is None
             if created:
-                run_id = await _insert_starting(db, lane, task, requester_id, owner, idempotency_key, now)
+                run_id = await _insert_starting(db, lane, task, requester_id, owner, idempotency_key, now, origin)
             else:
                 run_id = int(row[0])
         ticket = await self.get(run_id)
@@ -172,6 +177,11 @@ class RunRepository:
 
     async def recent(self, limit: int = 20) -> list[RunTicket]:
         rows = await self.store.fetchall("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
+        return [_ticket(r) for r in rows]
+
+    async def of_origin(self, origin: str) -> list[RunTicket]:
+        """Every run recorded with exactly this `origin`, oldest first."""
+        rows = await self.store.fetchall("SELECT * FROM runs WHERE origin = ? ORDER BY id", (origin,))
         return [_ticket(r) for r in rows]
 
     async def update(self, run_id: int, change: Callable[[RunTicket], RunTicket | None],
@@ -286,11 +296,12 @@ class RunRepository:
 
 
 async def _insert_starting(db, lane: str, task: str, requester_id: int | None, owner: str, idempotency_key: str,
-                           now: float) -> int:
+                           now: float, origin: str | None = None) -> int:
     """A `starting` ticket and its `created` event, inside the caller's transaction; the new run id."""
     cursor = await db.execute(
-        "INSERT INTO runs (lane, task, state, requester_id, owner, idempotency_key, created_at, updated_at) "
-        "VALUES (?, ?, 'starting', ?, ?, ?, ?, ?)", (lane, task, requester_id, owner, idempotency_key, now, now))
+        "INSERT INTO runs (lane, task, state, requester_id, owner, idempotency_key, created_at, updated_at, origin) "
+        "VALUES (?, ?, 'starting', ?, ?, ?, ?, ?, ?)",
+        (lane, task, requester_id, owner, idempotency_key, now, now, origin))
     run_id = int(cursor.lastrowid)
     await db.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'created', ?)",
                      (run_id, now, f"on {lane}"))

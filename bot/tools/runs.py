@@ -13,6 +13,7 @@ from runs.results import RunResult
 from runs.service import RunService, UnknownRun
 from voice.call.tools import Tool, ToolCall
 
+UNKNOWN_CALL = "unknown"  # the call id of a ToolCall made without a CallInfo (voice.call.tools)
 RUN_NUMBER = {"type": "integer", "minimum": 1, "description": "the run number, as in \"run 3\""}
 
 
@@ -23,6 +24,13 @@ def speaker_of(call: ToolCall) -> int | None:
         (only,) = tuple(speakers)
         return only if isinstance(only, int) else None
     return None
+
+
+def origin_of(call: ToolCall) -> str | None:
+    """The id of the voice call the tool call happens in (stored with a run it starts); None when the
+    call is not known (`ToolCall`'s default `CallInfo` says "unknown")."""
+    call_id = getattr(getattr(call, "call", None), "call_id", None)
+    return call_id if isinstance(call_id, str) and call_id.strip() and call_id != UNKNOWN_CALL else None
 
 
 def _handler(body: Callable[[ToolCall], Awaitable[RunResult]]) -> Callable[[ToolCall], Awaitable[dict]]:
@@ -40,7 +48,8 @@ def run_tools(service: RunService, *,
     """The six run tools, exactly: mutating ones go through the catalogue's authoriser."""
 
     async def delegate(call: ToolCall) -> RunResult:
-        return await service.delegate(str(call.arguments.get("task") or ""), requester_of(call))
+        return await service.delegate(str(call.arguments.get("task") or ""), requester_of(call),
+                                      origin=origin_of(call))
 
     async def check(call: ToolCall) -> RunResult:
         return await service.check(call.arguments.get("run"))

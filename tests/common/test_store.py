@@ -35,15 +35,16 @@ async def tables(store) -> set[str]:
 
 
 async def test_migrations_apply_once_and_record_their_version(tmp_path):
+    latest = RUNS_MIGRATIONS[-1].version
     store = await open_store(tmp_path, RUNS_MIGRATIONS)
-    assert await store.versions() == {"runs": 1}
+    assert await store.versions() == {"runs": latest}
     assert {"runs", "run_steers", "run_events"} <= await tables(store)
     assert await store.migrate(RUNS_MIGRATIONS) == []  # idempotent on the open store
     await store.close()
 
     again = await open_store(tmp_path, RUNS_MIGRATIONS)  # and on a reopen
     rows = await again.fetchall("SELECT package, version FROM schema_migrations")
-    assert [tuple(r) for r in rows] == [("runs", 1)]
+    assert [tuple(r) for r in rows] == [("runs", m.version) for m in RUNS_MIGRATIONS]
     await again.close()
 
 
@@ -60,13 +61,14 @@ async def test_a_later_version_applies_only_the_new_step(tmp_path):
 
 
 async def test_two_packages_migrations_coexist_in_one_file(tmp_path):
+    latest = RUNS_MIGRATIONS[-1].version
     store = await open_store(tmp_path, [*RUNS_MIGRATIONS, *TRANSCRIPTS])
-    assert await store.versions() == {"runs": 1, "transcripts": 2}
+    assert await store.versions() == {"runs": latest, "transcripts": 2}
     assert {"runs", "transcripts", "transcripts_ai"} <= await tables(store)
     await store.close()
     # a process that only knows one package leaves the other's tables and versions alone
     runs_only = await open_store(tmp_path, RUNS_MIGRATIONS)
-    assert await runs_only.versions() == {"runs": 1, "transcripts": 2}
+    assert await runs_only.versions() == {"runs": latest, "transcripts": 2}
     await runs_only.close()
 
 

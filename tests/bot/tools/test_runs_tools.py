@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
-from bot.tools.runs import run_tools, speaker_of
+from bot.tools.runs import origin_of, run_tools, speaker_of
 from tests.support.runs import agent_command, harness
-from voice.call.attribution import Attribution
+from voice.call.attribution import Attribution, CallInfo
 from voice.call.tools import AllowKnownSpeakers, ToolCall, ToolCatalogue, ToolRefused
 
 ALICE = 111111111111111111
@@ -61,6 +61,21 @@ async def test_delegate_through_the_catalogue_answers_with_a_receipt_and_records
         assert check["state"] == "completed" and check["output"] == "answer: summarise the logs"
         agents = json.loads((await catalogue.run("c3", "list_agents", "{}")).output)
         assert agents["summary"] == "no background agents are running"
+
+
+async def test_a_run_delegated_in_a_call_records_that_calls_id_and_one_outside_a_call_none(tmp_path):
+    async with harness(tmp_path, lanes=("command",), command=agent_command("answer")) as h:
+        catalogue = catalogue_for(h.service)
+        in_call = await catalogue.run("c1", "delegate_task", json.dumps({"task": "summarise the logs"}),
+                                      origin=ALICE_SPOKE, call=CallInfo("call-42", 1234, 5678))
+        no_call = await catalogue.run("c2", "delegate_task", json.dumps({"task": "say hi"}), origin=ALICE_SPOKE)
+        assert in_call.ok and no_call.ok
+        assert (await h.delivered(1)).origin == "call-42" and (await h.delivered(2)).origin is None
+        assert [t.id for t in await h.service.tickets_of("call-42")] == [1]
+        assert await h.service.tickets_of("unknown") == []
+    assert origin_of(ToolCall("c", "delegate_task", {}, "{}")) is None  # the default CallInfo("unknown")
+    assert origin_of(ToolCall("c", "delegate_task", {}, "{}", call=CallInfo("  "))) is None
+    assert origin_of(SimpleNamespace(arguments={})) is None
 
 
 async def test_an_unknown_run_number_is_an_answer_not_a_crash(tmp_path):
