@@ -110,19 +110,21 @@ async def build_services(settings: Settings, *, sink: NotificationSink | None = 
                          poster: ResultPoster | None = None, watch_runs: bool = True,
                          config: RunsConfig | None = None, lanes: Sequence[Lane] | None = None,
                          clock: Callable[[], float] = time.time,
-                         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> AsyncIterator[Services]:
+                         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                         hold_delivery_s: float = 0.0) -> AsyncIterator[Services]:
     """Open the store in SWITCHBOARD_HOME, start the runs service over it, and close both on exit.
 
     `sink` gets finished runs that are not a listener job's (default: the terminal); `poster` posts
     listener results (default: the terminal). `watch_runs=False` is for commands that only read or
     stop runs (`switchboard runs`): nothing is followed or delivered, and closing leaves the store as
     it was. `config` replaces the runs configuration read from settings; `lanes`, `clock` and `sleep`
-    are for tests. Raises `common.store.StoreError` (one line, says what to check)."""
+    are for tests; `hold_delivery_s` holds finished runs until `services.runs.release_delivery()` (the
+    Discord service: until it has rejoined its calls). Raises `common.store.StoreError` (one line, says what to check)."""
     store = await open_home_store(settings)
     delivery = ListenerDelivery(store, sink or TerminalSink(), poster or TerminalPoster(),
                                 default_channel=settings.transcripts_channel_id)
     runs = RunService(store, config or runs_config(settings), sink=delivery, lanes=lanes, clock=clock, sleep=sleep,
-                      watch=watch_runs, secrets=process_secrets(settings))
+                      watch=watch_runs, secrets=process_secrets(settings), hold_delivery_s=hold_delivery_s)
     try:
         await runs.start()
         yield Services(settings, store, runs, delivery)

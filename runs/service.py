@@ -8,6 +8,7 @@ and carries out the effects (ask a question, stop on the lane, deliver a finishe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 import time
@@ -127,7 +128,10 @@ class RunService:
     def __init__(self, store: Store, config: RunsConfig, *, lanes: Sequence[Lane] | None = None,
                  sink: NotificationSink | None = None, clock: Callable[[], float] = time.time,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, owner: str | None = None,
-                 watch: bool = True, secrets: Iterable[str | None] = ()) -> None:
+                 watch: bool = True, secrets: Iterable[str | None] = (), hold_delivery_s: float = 0.0) -> None:
+        """`hold_delivery_s`: finished runs wait up to this long for `release_delivery()` before they are
+        delivered — the Discord service holds them until it has rejoined the calls it was in, so a run
+        that finished while it was down is announced in the call, not only posted."""
         self.store = store
         self.config = config
         self.repo = RunRepository(store)
@@ -146,6 +150,11 @@ class RunService:
         self._run_secrets: dict[int, tuple[str, ...]] = {}  # runs with secrets of their own, until they settle
         self._run_scrubbers: dict[int, Scrubber] = {}
         self._closed = False
+        self._hold_delivery_s = hold_delivery_s
+        self._deliverable = asyncio.Event()
+        self.held = 0  # finished runs waiting for `release_delivery`
+        if hold_delivery_s <= 0:
+            self._deliverable.set()
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -202,7 +211,8 @@ class RunService:
     # -- delegate ----------------------------------------------------------------------------------
 
     async def delegate(self, task: str, requester_id: int | None = None, *, context: str = "",
-                       scrub: Sequence[str] = (), idempotency_key: str | None = None) -> Delegated | Refused:
+                       scrub: Sequence[str] = (), idempotency_key: str | None = None,
+                       origin: str | None = None) -> Delegated | Refused:
         """Record a ticket on the first available lane and return at once; the lane is asked in the
         background. Every lane skipped is named in the answer; none available (or no task) → `Refused`.
 
@@ -211,7 +221,9 @@ class RunService:
         run reports before it is stored, spoken or posted.
 
         `idempotency_key`: one key, one run — asked again with it (a retry after a crash, another
-        process), this answers with the run first recorded under it and starts nothing."""
+        process), this answers with the run first recorded under it and starts nothing.
+
+        `origin`: what asked for the run (a voice call's id), stored with it for `tickets_of`; blank is None."""
         task = (task or "").strip()
         if not task:
             return Refused("say what the background agent should do")
@@ -235,7 +247,8 @@ class RunService:
         scrubber = self._scrubber.with_secrets(own) if own else self._scrubber
         ticket, created = await self.repo.create_once(
             lane=chosen.name, task=scrubber(task), requester_id=requester_id, owner=self.owner,
-            idempotency_key=idempotency_key or f"switchboard-{secrets.token_hex(16)}", now=self._clock())
+            idempotency_key=idempotency_key or f"switchboard-{secrets.token_hex(16)}", now=self._clock(),
+            origin=(origin or "").strip() or None)
         if not created:  # another process recorded it in the meantime: that run is this one
             return _already(ticket)
         if own:
@@ -561,6 +574,11 @@ class RunService:
     async def tickets(self, limit: int = 50) -> list[RunTicket]:
         return await self.repo.recent(limit)
 
+    async def tickets_of(self, origin: str) -> list[RunTicket]:
+        """The runs `delegate` recorded with this `origin` (a call's id), oldest first; none for a blank one."""
+        origin = (origin or "").strip()
+        return await self.repo.of_origin(origin) if origin else []
+
     # -- restart recovery --------------------------------------------------------------------------
 
     async def _reconcile(self, ticket: RunTicket) -> None:
@@ -587,8 +605,20 @@ class RunService:
 
     # -- delivery ----------------------------------------------------------------------------------
 
+    def release_delivery(self) -> None:
+        """Deliver what was held (see `hold_delivery_s`), and from now on at once."""
+        self._deliverable.set()
+
     async def _deliver(self, run_id: int) -> None:
         """Claim (exactly one deliverer wins), announce in every live call, post, mark delivered."""
+        if not self._deliverable.is_set():
+            self.held += 1
+            await self._notify()
+            try:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._deliverable.wait(), self._hold_delivery_s)
+            finally:
+                self.held -= 1
         if not await self.repo.claim(run_id, self.owner):
             return
         ticket = await self.repo.get(run_id)
@@ -627,6 +657,11 @@ class RunService:
     async def _notify(self) -> None:
         async with self._changed:
             self._changed.notify_all()
+
+    async def wait_held(self, count: int) -> None:
+        """Until `count` finished runs wait for `release_delivery`."""
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.held >= count)
 
     async def wait_until(self, run_id: int, predicate: Callable[[RunTicket], bool]) -> RunTicket:
         """Wait (without polling) until this instance records a change that makes `predicate` true."""

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED = 0, 1
 SHUTDOWN_BUDGET_S = 10.0
+RESUME_HOLD_S = 60.0  # runs that finished while the service was down wait this long for its calls to be rejoined
 
 
 def missing_settings(settings: Settings) -> list[str]:
@@ -60,8 +61,8 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
     bot.ready_future = ready
     stopping = stopping or asyncio.Event()
     try:
-        async with build_services(settings, sink=bot.sink,
-                                  poster=DiscordPoster(bot, settings.transcripts_channel_id)) as services:
+        async with build_services(settings, sink=bot.sink, poster=DiscordPoster(bot, settings.transcripts_channel_id),
+                                  hold_delivery_s=RESUME_HOLD_S) as services:
             bot.attach(services)
             with stop_on_signals(stopping):
                 return await _serve(bot, services, stopping, listener_key)
@@ -148,6 +149,10 @@ async def shutdown(bot: SwitchboardBot, runner: asyncio.Task,
     marked `resume`, not ended: a deploy is not a goodbye), then stop watching runs (`before_gateway`: a
     run landing now is delivered at the next start, not lost to a closed gateway), then the gateway."""
     started = time.monotonic()
+    bot.wrap_up.hurry()  # recaps post now, without waiting for a summary
+    for task in bot.resuming:  # a call half rejoined is left like the others (its row stays to resume)
+        task.cancel()
+    await asyncio.gather(*bot.resuming, return_exceptions=True)
     try:
         await asyncio.wait_for(bot.calls.leave_all("Switchboard is shutting down", resume=True), SHUTDOWN_BUDGET_S / 2)
     except TimeoutError:

@@ -19,8 +19,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import discord
 
@@ -33,11 +34,11 @@ from bot.tools.phone import known_facts
 from listener.archive import Archive
 from runs import RunService
 from voice.call.attribution import CallInfo
-from voice.call.core import REPLY_MODES, CallOptions, ShowTranscript
+from voice.call.core import REPLY_MODES, CallOptions, HistoryTurn, ShowTranscript
 from voice.call.engine import CallEngine, CallFailed, room_vad
 from voice.call.identity import Identity, MemorySource
 from voice.call.providers import RealtimeProvider
-from voice.call.records import CallRecords
+from voice.call.records import CallRecord, CallRecords
 from voice.call.tools import ToolCatalogue
 from voice.call.vad import VadBank, VadConfig
 from voice.media.channel import RoomClock, RoomTransport
@@ -47,7 +48,9 @@ log = logging.getLogger(__name__)
 
 CONNECT_TIMEOUT_S = 20.0
 LEAVE_TIMEOUT_S = 8.0
-LIMIT_NOTICE_WAIT_S = 30.0  # at the call limit, the goodbye waits this long for the floor, then the call ends anyway
+BACK_NOTICE = "I'm back: Switchboard restarted, and I remember what we were talking about."
+LIMIT_NOTICE_WAIT_S = 30.0
+WRAP_UP_WAIT_S = 3.0  # at shutdown, a call's recap still being written gets this long  # at the call limit, the goodbye waits this long for the floor, then the call ends anyway
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class RoomOptions:
     captions: bool = False
     addressed: Callable[[str], bool] | None = None  # the direct-address rule (the listener's, one implementation)
     agent_name: str = "Ares"
+    rollover_s: float | None = None  # SWITCHBOARD_SESSION_ROLLOVER_S: the next provider session opens before this
 
 
 @dataclass
@@ -82,13 +86,28 @@ class GuildCall:
     record_id: int | None = None  # its row in voice_calls; None when the store would not take it
     recording: set[asyncio.Task] = field(default_factory=set)  # turns on their way to the store
     record_failed: bool = False  # said once per call
+    resumed: bool = False  # rejoined after the process restarted
+
+
+@dataclass(frozen=True)
+class ResumeReport:
+    """What resuming did at start: the rows rejoined, and those ended with why."""
+
+    rejoined: tuple[int, ...] = ()
+    ended: tuple[tuple[int, str], ...] = ()
+
+
+# Called once a call has ended for good (not when it is kept to resume): its row id and, when this process
+# held it, the call itself (speaking times, usage). The recap and the debrief hang here.
+CallEnded = Callable[[int, "GuildCall | None"], Awaitable[None]]
 
 
 class CallManager:
     def __init__(self, client: discord.Client, *, runs: Callable[[], RunService], gate: OperatorGate,
                  provider: Callable[[], RealtimeProvider], identity: Callable[[MemorySource], Identity],
                  deaf_after_s: float = 5.0, idle_leave_s: float = 120.0, max_minutes: float | None = None,
-                 room: RoomOptions | None = None, records: Callable[[], CallRecords] | None = None) -> None:
+                 room: RoomOptions | None = None, records: Callable[[], CallRecords] | None = None,
+                 on_ended: CallEnded | None = None) -> None:
         self._client = client
         self.room = room or RoomOptions()
         self._vad: VadBank | None = None  # loaded at the first join, then shared by every call
@@ -102,6 +121,9 @@ class CallManager:
         self._provider = provider
         self._identity = identity
         self._records = records  # late-bound: the store arrives with the services
+        self._on_ended = on_ended
+        self._tasks: set[asyncio.Task] = set()  # announcements and wrap-ups on their way
+        self._resumable: dict[int, list[CallRecord]] = {}  # by guild: the previous process's calls
         self._calls: dict[int, GuildCall] = {}
         self._locks: dict[int, asyncio.Lock] = {}
 
@@ -119,13 +141,18 @@ class CallManager:
 
     async def join(self, guild: discord.Guild, channel: discord.abc.Connectable, *,
                    requested_by: int | None = None, text_channel_id: int | None = None,
-                   rejoined: bool = False) -> str:
+                   rejoined: bool = False, resume: CallRecord | None = None) -> str:
+        """Join `channel` and hold a call there. `resume`: the row of a call the process was in when it
+        stopped — the same row goes on (its mode, captions and requester), the new session starts with its
+        recent turns, and the call says once that it is back."""
         async with self._lock(guild.id):
             existing = self._calls.get(guild.id)
             if existing is not None and existing.channel_id == channel.id:
                 return f"Already talking in <#{channel.id}>."
             if existing is not None:
                 await self._leave_locked(guild.id, "moving to another channel")
+            if resume is not None:
+                requested_by, text_channel_id = resume.started_by, resume.text_channel_id
             provider = self._provider()  # per call: its own socket, key checked at start-up
             voice = await channel.connect(cls=ListeningVoiceClient.factory(deaf_after_s=self._deaf_after_s,
                                                                            pcm_rate=24_000, pcm_channels=1),
@@ -141,36 +168,110 @@ class CallManager:
             runs = self._runs()
             catalogue = ToolCatalogue(self._gate, call_tools(runs))
             room = self.room
-            options = CallOptions(endpointing="local", vad=VadConfig(), reply_to=room.reply_to,
+            reply_to = resume.mode if resume is not None and resume.mode in REPLY_MODES else room.reply_to
+            captions = resume.captions if resume is not None else room.captions
+            options = CallOptions(endpointing="local", vad=VadConfig(), reply_to=reply_to,
                                   addressed=room.addressed, followup_s=room.followup_s,
-                                  min_interruption_ms=room.min_interruption_ms)
-            info = CallInfo(f"g{guild.id}-{int(time.time())}", guild.id, channel.id)
+                                  min_interruption_ms=room.min_interruption_ms, rollover_s=room.rollover_s)
+            started_at = resume.started_at if resume is not None else time.time()
+            record_id = await self._record_open(guild.id, channel.id, text_channel_id, requested_by, reply_to,
+                                                captions, started_at, resume)
+            # the call's id outlives the process with its row: runs it started are found by it in the recap
+            call_id = f"call-{record_id}" if record_id is not None else f"g{guild.id}-{int(started_at)}"
+            info = CallInfo(call_id, guild.id, channel.id)
             memory = await known_facts(Archive(runs.store))  # what the user's phone calls taught
+            history = [HistoryTurn(t.role, t.text, t.speaker_id, t.name if t.role == "user" else None)
+                       for t in resume.turns] if resume is not None else []
             engine = CallEngine(provider, transport, catalogue, self._identity(memory), options=options, call=info,
-                                vad_name=self._vad.name,
+                                vad_name=self._vad.name, history=history,
                                 on_transcript=lambda line, g=guild: self._heard(g, line))
             voice.play(transport.source)
             detach = runs.attach(engine)
             task = asyncio.create_task(engine.run(), name=f"call-{guild.id}")
-            call = GuildCall(guild.id, channel.id, voice, transport, engine, task, detach, requested_by=requested_by,
-                             text_channel_id=text_channel_id, rejoined=rejoined)
+            call = GuildCall(guild.id, channel.id, voice, transport, engine, task, detach, started_at=started_at,
+                             requested_by=requested_by, text_channel_id=text_channel_id, rejoined=rejoined,
+                             record_id=record_id, resumed=resume is not None)
             self._calls[guild.id] = call
-            await self._record_start(call, captions=room.captions)
-            if room.captions:
+            if captions:
                 await self._start_captions(guild, call, channel)
             call.deaf_watch = asyncio.create_task(
                 voice.watch_deafness(lambda g=guild, c=channel: self._deaf(g, c),
                                      on_unheard=lambda user_id, g=guild, c=channel: self._unheard(g, c, user_id)),
                 name=f"deaf-{guild.id}")
             task.add_done_callback(lambda t, g=guild.id: self._engine_ended(g, t))
-            log.info("call %s: joined channel %s of guild %s", info.call_id, channel.id, guild.id)
+            log.info("call %s: %s channel %s of guild %s", info.call_id, "rejoined" if resume else "joined",
+                     channel.id, guild.id)
             self._watch_idle(guild, call)
             if self._max_minutes is not None:
                 call.limit_timer = asyncio.create_task(self._limit_leave(guild, call), name=f"limit-{guild.id}")
-            mode = ("I answer everyone." if options.reply_to == "everyone" else
+            if resume is not None:  # said once, when the floor is free; the earlier turns are in the session
+                self._spawn(call.engine.announce(BACK_NOTICE), f"back-{guild.id}")
+            mode = ("I answer everyone." if reply_to == "everyone" else
                     f"I answer only when someone says my name ({room.agent_name}) first, and then their follow-ups.")
             return (f"Talking in <#{channel.id}> with {provider.name} {provider.model}, voice {provider.voice}. "
                     f"Everyone can talk; only operators can start or stop work. {mode}")
+
+    async def load_resumable(self) -> int:
+        """Before the gateway opens: the calls the previous process was in when it stopped (crashed or was
+        told to stop), to rejoin as their servers become available. How many."""
+        records = self._records_or_none()
+        if records is None:
+            return 0
+        self._resumable = {}
+        for record in await records.live():
+            self._resumable.setdefault(record.guild_id, []).append(record)
+        return sum(len(rows) for rows in self._resumable.values())
+
+    async def resume_guild(self, guild: discord.Guild) -> ResumeReport:
+        """Rejoin the previous process's call in `guild` if its channel still has a human in it; end the
+        others (each keeps its row, and an ended one gets its recap)."""
+        rejoined: list[int] = []
+        ended: list[tuple[int, str]] = []
+        for record in self._resumable.pop(guild.id, []):
+            channel = guild.get_channel(record.voice_channel_id)
+            why = None
+            if not isinstance(channel, discord.VoiceChannel | discord.StageChannel):
+                why = "its voice channel is gone"
+            elif self._humans(guild, channel.id) == 0:
+                why = "nobody was in the channel when Switchboard restarted"
+            elif guild.id in self._calls:
+                why = "a new call had started in that server"
+            if why is None:
+                assert channel is not None
+                try:
+                    await self.join(guild, channel, resume=record)
+                    rejoined.append(record.id)
+                    continue
+                except Exception as exc:  # that call cannot come back; the others still can
+                    log.warning("call-%s: could not rejoin channel %s: %s", record.id, record.voice_channel_id, exc)
+                    why = f"rejoining failed after a restart ({type(exc).__name__})"
+            if await self._end_unresumed(record, why):
+                ended.append((record.id, why))
+        return ResumeReport(tuple(rejoined), tuple(ended))
+
+    async def end_unresumable(self) -> ResumeReport:
+        """Once every server that will come has come: end the calls of servers that did not."""
+        ended = []
+        for rows in self._resumable.values():
+            for record in rows:
+                why = "its server was not available after the restart"
+                if await self._end_unresumed(record, why):
+                    ended.append((record.id, why))
+        self._resumable = {}
+        return ResumeReport(ended=tuple(ended))
+
+    async def _end_unresumed(self, record: CallRecord, why: str) -> bool:
+        records = self._records_or_none()
+        assert records is not None
+        try:
+            await records.end(record.id, why, time.time())
+        except Exception as exc:
+            log.warning("call-%s: could not end its row: %s", record.id, exc)
+            return False
+        log.info("call-%s: not rejoined: %s", record.id, why)
+        if self._on_ended is not None:
+            self._spawn(self._on_ended(record.id, None), f"wrap-up-{record.id}")
+        return True
 
     async def set_captions(self, guild: discord.Guild, on: bool) -> str:
         """`/talk captions`: a thread of captions for this call, or none."""
@@ -217,16 +318,34 @@ class CallManager:
     def _records_or_none(self) -> CallRecords | None:
         return self._records() if self._records is not None else None
 
-    async def _record_start(self, call: GuildCall, *, captions: bool) -> None:
+    async def _record_open(self, guild_id: int, channel_id: int, text_channel_id: int | None,
+                           requested_by: int | None, mode: str, captions: bool, started_at: float,
+                           resume: CallRecord | None) -> int | None:
+        """The call's row: the resumed one made live again, else a new one; None when the store would not
+        take it (the call goes on unrecorded, logged once)."""
         records = self._records_or_none()
         if records is None:
-            return
+            return None
         try:
-            call.record_id = await records.start(
-                guild_id=call.guild_id, voice_channel_id=call.channel_id, text_channel_id=call.text_channel_id,
-                started_by=call.requested_by, mode=self.room.reply_to, captions=captions, at=call.started_at)
-        except Exception as exc:  # the call goes on unrecorded
-            self._record_failure(call, exc)
+            if resume is not None and await records.mark_live(resume.id):
+                return resume.id
+            return await records.start(guild_id=guild_id, voice_channel_id=channel_id,
+                                       text_channel_id=text_channel_id, started_by=requested_by, mode=mode,
+                                       captions=captions, at=started_at)
+        except Exception as exc:
+            log.warning("guild %s: could not record the call in the store (the call goes on): %s", guild_id, exc)
+            return None
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s failed", task.get_name(), exc_info=task.exception())
 
     async def _record_turn(self, call: GuildCall, role: str, speaker: int | None, name: str, text: str,
                            at: float) -> None:
@@ -283,6 +402,11 @@ class CallManager:
                              return_exceptions=True)
         if self._closing:  # captions flush their last lines (each bounded) before the gateway closes
             await asyncio.gather(*self._closing, return_exceptions=True)
+        if self._tasks:  # recaps being written get WRAP_UP_WAIT_S; one cut short is logged
+            _, pending = await asyncio.wait(set(self._tasks), timeout=WRAP_UP_WAIT_S)
+            for task in pending:
+                log.warning("%s: not finished at shutdown; cancelled", task.get_name())
+                task.cancel()
         if self._room_clock is not None:
             await self._room_clock.aclose()
 
@@ -312,6 +436,8 @@ class CallManager:
             await asyncio.wait_for(call.voice.disconnect(force=True), LEAVE_TIMEOUT_S)
         except TimeoutError:
             log.warning("guild %s: leaving voice took longer than %s s", guild_id, LEAVE_TIMEOUT_S)
+        if not resume and call.record_id is not None and self._on_ended is not None:
+            self._spawn(self._on_ended(call.record_id, call), f"wrap-up-{call.record_id}")
         minutes = (time.time() - call.started_at) / 60
         log.info("guild %s: left voice (%s) after %.1f min", guild_id, reason, minutes)
         return f"Left <#{call.channel_id}> after {minutes:.0f} min."

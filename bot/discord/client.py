@@ -23,8 +23,10 @@ from bot.discord.commands.transcripts import TranscriptsGroup
 from bot.discord.embeds import OK, WARN, info_embed
 from bot.discord.gate import OperatorGate
 from bot.discord.runs_channel import ChannelSink
-from bot.settings import Settings, realtime_api_key
+from bot.discord.wrap_up import CallWrapUp
+from bot.settings import Settings, realtime_api_key, text_model_key
 from common.store import Store
+from common.text_model import TextModel, TextModelError
 from listener.archive import Archive
 from listener.callbacks import Callbacks
 from listener.named_commands import addresses_agent
@@ -57,11 +59,14 @@ class SwitchboardBot(discord.Client):
         self.gate = OperatorGate(settings.operator_user_ids)
         self.sink = ChannelSink(self, settings.runs_channel_id)
         self.services: Services | None = None  # given by `attach` before the gateway opens
+        self.wrap_up = CallWrapUp(self, records=lambda: self._services().calls, runs=lambda: self.runs,
+                                  model=self._text_model, operators=self.gate.operators)
         self.calls = CallManager(self, runs=lambda: self.runs, gate=self.gate, provider=self._provider,
                                  identity=lambda memory: build_identity(settings.home, settings.identity_include, memory=memory),
                                  deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s,
                                  max_minutes=settings.call_max_minutes,
-                                 room=room_options(settings), records=lambda: self._services().calls)
+                                 room=room_options(settings), records=lambda: self._services().calls,
+                                 on_ended=self.wrap_up)
         self.tree.on_error = on_command_error  # type: ignore[method-assign]  # one handler: refusals, failures
         self.tree.add_command(TalkGroup(self))
         self.tree.add_command(RunsGroup(self))
@@ -70,6 +75,10 @@ class SwitchboardBot(discord.Client):
         self.synced: list[str] = []
         self.connected = asyncio.Event()  # set at the first READY: the guilds are known
         self.ready_future: asyncio.Future[SwitchboardBot] | None = None
+        self._text: TextModel | None = None
+        self._text_problem: str | None = None
+        self.resuming: set[asyncio.Task] = set()  # rejoining the calls the previous process was in, at start
+        self._rejoining: set[asyncio.Task] = set()
 
     def attach(self, services: Services) -> None:
         """The services the commands and calls use; given before the gateway opens."""
@@ -112,13 +121,68 @@ class SwitchboardBot(discord.Client):
             commands = await self.tree.sync()
             self.synced.append(f"global: {len(commands)} commands")
         log.info("slash commands synced (%s)", "; ".join(self.synced))
+        if resumable := await self.calls.load_resumable():
+            log.info("%d call(s) of the previous run to rejoin once Discord is ready", resumable)
         if self.ready_future is not None and not self.ready_future.done():
             self.ready_future.set_result(self)  # logged in and synced; the gateway opens next
 
     async def on_ready(self) -> None:
+        first = not self.connected.is_set()
         self.connected.set()
         log.info("connected to Discord as %s (%s) in %d guild(s)", self.user, getattr(self.user, "id", "?"),
                  len(self.guilds))
+        if first:  # every server that will come has come: what was not rejoined ends; held runs go out
+            self.resuming.add(asyncio.create_task(self._finish_resuming(), name="resume-calls"))
+
+    async def on_guild_available(self, guild: discord.Guild) -> None:
+        """A server's GUILD_CREATE (its channels and who is in voice): rejoin the call the previous process
+        held there at once, not after READY's wait for every server."""
+        if not self.connected.is_set():
+            task = asyncio.create_task(self._resume_guild(guild), name=f"resume-{guild.id}")
+            self.resuming.add(task)
+            self._rejoining.add(task)
+
+    async def _resume_guild(self, guild: discord.Guild) -> None:
+        try:
+            report = await self.calls.resume_guild(guild)
+        except Exception:
+            log.exception("guild %s: rejoining the previous run's call failed", guild.id)
+            return
+        if report.rejoined or report.ended:
+            log.info("guild %s: the previous run's calls: %d rejoined, %d ended", guild.id, len(report.rejoined),
+                     len(report.ended))
+
+    async def _finish_resuming(self) -> None:
+        try:
+            await asyncio.gather(*self._rejoining, return_exceptions=True)
+            report = await self.calls.end_unresumable()
+            if report.ended:
+                log.info("%d call(s) of the previous run ended: their servers were not available", len(report.ended))
+        except Exception:
+            log.exception("ending the previous run's calls failed")
+        finally:  # runs that finished meanwhile are announced in the calls rejoined, then posted
+            self.runs.release_delivery()
+
+    def _text_model(self) -> TextModel | None:
+        """The text model for recaps and debriefs, made at the first call that ends; None without a key."""
+        if self._text is None and self._text_problem is None:
+            key, source = text_model_key(self.settings)
+            if key is None:
+                self._text_problem = f"no text model key ({source})"
+            else:
+                try:
+                    self._text = TextModel(self.settings.text_url, key, self.settings.text_model)
+                except TextModelError as exc:
+                    self._text_problem = str(exc)
+            if self._text_problem is not None:
+                log.info("call recaps have no summary and calls are not debriefed: %s", self._text_problem)
+        return self._text
+
+    async def close(self) -> None:
+        await super().close()
+        if self._text is not None:
+            await self._text.aclose()
+
 
     async def on_voice_state_update(self, member: discord.Member, before: discord.VoiceState,
                                     after: discord.VoiceState) -> None:
@@ -175,4 +239,4 @@ def room_options(settings: Settings) -> RoomOptions:
     addressed = partial(addresses_agent, agent_name=settings.agent_name, aliases=settings.activation_names)
     return RoomOptions(reply_to=settings.reply_to, followup_s=settings.followup_s,
                        min_interruption_ms=settings.min_interruption_ms, captions=settings.captions,
-                       addressed=addressed, agent_name=settings.agent_name)
+                       addressed=addressed, agent_name=settings.agent_name, rollover_s=settings.session_rollover_s)

@@ -12,6 +12,7 @@ import pytest
 
 from common.store import DB_FILENAME
 from runs import (
+    Delivery,
     Refused,
     RunsConfig,
     RunState,
@@ -383,6 +384,21 @@ async def test_a_claim_left_by_a_dead_deliverer_is_delivered_again(tmp_path):
     async with harness(tmp_path, lanes=("command",)) as second:
         done = await second.delivered(1)
         assert done.announced is True and len(second.call.said) == 1
+
+
+async def test_a_run_that_finished_while_the_service_was_down_waits_for_the_rejoined_call_then_is_announced(tmp_path):
+    async with harness(tmp_path, lanes=("command",), owner="old-host:1:1:dead", crash=True) as first:
+        await first.service.delegate("quick one")
+        await first.delivered(1)
+        await first.service.store.execute("UPDATE runs SET delivery = 'claimed', delivery_owner = ?, "
+                                          "announced = NULL WHERE id = 1", (first.service.owner,))
+    async with harness(tmp_path, lanes=("command",), attach=False, hold_delivery_s=3600) as second:
+        await asyncio.wait_for(second.service.wait_held(1), SAFETY_S)  # waiting for the release
+        assert (await second.service.get(1)).delivery is not Delivery.DELIVERED and not second.sink.posted
+        second.service.attach(second.call)  # the call is back
+        second.service.release_delivery()
+        done = await second.delivered(1)
+        assert done.announced is True and len(second.call.said) == 1 and [t.id for t in second.sink.posted] == [1]
 
 
 async def test_check_work_without_a_number_summarises_what_runs_and_what_landed(tmp_path):

@@ -21,7 +21,7 @@ import os
 import sqlite3
 import sys
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import discord.opus
@@ -64,7 +64,43 @@ class Room:
     realtime: FakeRealtime
     members: dict[str, SimUser]  # by username; "olive" (the operator) and "gus" are always there
     home: Path
-    proc: asyncio.subprocess.Process
+    env: dict[str, str]
+    workdir: Path
+    proc: asyncio.subprocess.Process | None = None
+    logs: list[Path] = field(default_factory=list)  # one per process started, in order
+    codes: list[int] = field(default_factory=list)  # how each process stopped with `terminate` exited
+
+    async def start(self) -> None:
+        """Start `switchboard run` (again) and wait for its gateway READY."""
+        assert self.proc is None, "the bot is still running"
+        readies = len(self.fake.journal.dispatched("READY"))
+        log_path = self.workdir / f"switchboard-{len(self.logs) + 1}.log"
+        self.logs.append(log_path)
+        with log_path.open("wb") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "tests.support.fake_discord.run_switchboard", cwd=ROOT, env=self.env,
+                stdout=log, stderr=log)
+        await self.fake.journal.wait_for(lambda: len(self.fake.journal.dispatched("READY")) > readies, WAIT_S)
+
+    async def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill: nothing runs on the way out."""
+        assert self.proc is not None and self.proc.returncode is None
+        self.proc.kill()
+        await self.proc.wait()
+        self.proc = None
+
+    async def terminate(self) -> int:
+        """SIGTERM (the graceful path, a deploy); its exit code."""
+        assert self.proc is not None
+        if self.proc.returncode is None:
+            self.proc.terminate()
+        code = await asyncio.wait_for(self.proc.wait(), 20)
+        self.codes.append(code)
+        self.proc = None
+        return code
+
+    def log_text(self) -> str:
+        return "\n".join(p.read_text() for p in self.logs if p.exists())
 
     @property
     def olive(self) -> SimUser:
@@ -105,15 +141,28 @@ class Room:
                 call["turns"] = [tuple(t) for t in call["turns"]]
         return calls
 
+    def facts(self) -> list[dict]:
+        """Durable facts in the store (`listener_facts`), oldest first."""
+        if not (self.home / DB_FILENAME).exists():
+            return []
+        with contextlib.closing(sqlite3.connect(self.home / DB_FILENAME)) as db:
+            db.row_factory = sqlite3.Row
+            return [dict(row) for row in db.execute("SELECT * FROM listener_facts ORDER BY id")]
+
     async def recorded(self, predicate, timeout: float = WAIT_S) -> list[dict]:
         """`calls()` once `predicate(calls)` holds (the bot writes turns in the background)."""
+        return await self.stored(self.calls, predicate, timeout)
+
+    async def stored(self, read, predicate, timeout: float = WAIT_S):
+        """`read()` (what the bot's process wrote to the store) once `predicate` holds of it: polled, as
+        another process's writes cannot be waited on."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        while not predicate(calls := self.calls()):
+        while not predicate(found := read()):
             if loop.time() > deadline:
-                raise AssertionError(f"the store never showed the expected calls: {calls}")
+                raise AssertionError(f"the store never showed what was expected: {found}")
             await asyncio.sleep(0.05)
-        return calls
+        return found
 
     def outputs(self) -> list[dict]:
         return [json.loads(e["item"]["output"]) for e in self.realtime.received
@@ -138,21 +187,18 @@ async def room(tmp_path: Path, script, *, members: Sequence[tuple[str, str | Non
                    "SWITCHBOARD_REALTIME_URL": realtime.url, "SWITCHBOARD_HOME": str(home),
                    "SWITCHBOARD_OPERATOR_USER_IDS": str(people["olive"].id), "SWITCHBOARD_AGENT_LANES": "command",
                    "SWITCHBOARD_AGENT_COMMAND": f"{sys.executable} {FAKE_AGENT} answer {{task}}",
-                   "SWITCHBOARD_RUNS_CHANNEL_ID": str(fake.text_channel.id), **settings}
-            log = (tmp_path / "switchboard.log").open("wb")
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m",
-                                                        "tests.support.fake_discord.run_switchboard",
-                                                        cwd=ROOT, env=env, stdout=log, stderr=log)
+                   "SWITCHBOARD_RUNS_CHANNEL_ID": str(fake.text_channel.id),
+                   "SWITCHBOARD_TEXT_URL": "http://127.0.0.1:9/v1",  # no text model: recaps without a summary
+                   **settings}
+            r = Room(fake, realtime, people, home, env, tmp_path)
             try:
-                await fake.wait_gateway_ready(timeout=WAIT_S)
-                yield Room(fake, realtime, people, home, proc)
+                await r.start()
+                yield r
             finally:
-                if proc.returncode is None:
-                    proc.terminate()  # SIGTERM: the graceful path
-                code = await asyncio.wait_for(proc.wait(), 20)
-                log.close()
-            text = (tmp_path / "switchboard.log").read_text()
-            assert code == 0, text[-3000:]
+                if r.proc is not None:
+                    await r.terminate()  # SIGTERM: the graceful path (a process that died by itself fails here)
+            text = r.log_text()
+            assert all(code == 0 for code in r.codes), (r.codes, text[-3000:])
             assert OPENAI_KEY not in text and fake.token not in text
             assert "Traceback" not in text, text[-3000:]
             realtime.assert_clean()

@@ -4,6 +4,7 @@ A call is one `voice_calls` row from join to leave, in one of three states:
 
 - `live`: the call is going on, or the process died without leaving (a crash leaves it so);
 - `resume`: the process stopped on purpose (SIGTERM, SIGINT) while in the call, to rejoin at the next start;
+  rejoining makes the same row `live` again (`mark_live`), so a call keeps one row across restarts;
 - `ended`: the call was left (`end_reason` says why).
 
 `voice_call_turns` keeps each call's last `KEEP_TURNS` lines of conversation — who spoke (the speaker's
@@ -119,6 +120,11 @@ class CallRecords:
     async def mark_resume(self, call_id: int) -> bool:
         """The process stops on purpose during the call: rejoin it at the next start. False unless it was live."""
         return await self.store.execute("UPDATE voice_calls SET state = 'resume' WHERE id = ? AND state = 'live'",
+                                        (call_id,)) > 0
+
+    async def mark_live(self, call_id: int) -> bool:
+        """The call was rejoined after a restart: `live` again, same row and turns. False if it had ended."""
+        return await self.store.execute("UPDATE voice_calls SET state = 'live' WHERE id = ? AND state != 'ended'",
                                         (call_id,)) > 0
 
     async def get(self, call_id: int) -> CallRecord | None:

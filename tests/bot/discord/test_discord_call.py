@@ -76,8 +76,11 @@ async def test_the_operator_delegates_by_voice_and_the_run_lands_in_the_runs_cha
     context = [e["item"]["content"][0]["text"] for e in r.realtime.received if e["type"] == "conversation.item.create"
                and e["item"]["type"] == "message" and e["item"]["role"] == "system"]
     assert any(f"user id {r.olive.id}" in text for text in context)
-    (posted,) = r.fake.state.messages
+    posted, recap = r.fake.state.messages  # the run's result, then the call's recap
     assert posted["embeds"][0]["title"] == "Run 1: audit the auth module"
+    assert recap["embeds"][0]["title"] == "Call recap"
+    recap_fields = {f["name"]: f["value"] for f in recap["embeds"][0]["fields"]}
+    assert "/runs show 1" in recap_fields["runs started"] and "Olive" in recap_fields["who spoke"]
     fields = {f["name"]: f["value"] for f in status["embeds"][0]["fields"]}
     assert f"<@{r.olive.id}>" in fields["heard"] and "ok" in fields["receiver"]
     assert fields["voice activity"] == "silero" and "commit" in fields["last turns (from end of speech)"]

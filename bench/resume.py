@@ -1,0 +1,133 @@
+"""Resume after a crash: `switchboard run` (a real process, real discord.py) in a call on the project's
+fake Discord (genuine DAVE) and fake Realtime is killed with SIGKILL mid-call, started again, and timed
+from the gateway READY of the new process to the bot speaking in the channel again.
+
+Per restart, on the test process's clock (each mark is when the fake saw it):
+  READY      the fake dispatched READY to the new process (its imports and login are before this)
+  rejoined   the bot's new voice session was described (op 4 → voice gateway → SESSION_DESCRIPTION)
+  DAVE       the bot is in the channel's DAVE group again with every member's key
+  spoke      the first audio packet of the bot's "I'm back" reached the fake's UDP socket
+and how many earlier conversation items the new provider session received before its first answer.
+
+Baseline, measured in the same run: a fresh `/talk join` in the same room (interaction → DAVE ready),
+so `ratio` says what rejoining costs against joining. Goal (issue 18): READY → spoke <= 5 s (median).
+
+    python bench/resume.py            # 5 restarts
+    python bench/resume.py --runs 9
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bot.discord.calls import BACK_NOTICE  # noqa: E402
+from tests.support.discord_room import in_voice, join_and_settle, room, say  # noqa: E402
+from tests.support.fake_realtime import AudioReply  # noqa: E402
+
+GOAL_S = 5.0
+WAIT_S = 60.0
+
+
+def script(ctx):
+    if ctx.trigger == "client" and ctx.params.get("instructions"):
+        return AudioReply("I'm back.", audio_ms=600)
+    return AudioReply("Noted.", audio_ms=400)
+
+
+def restored_items(received: list[dict]) -> int:
+    """Conversation messages the newest session received before its first response.create."""
+    last = max(i for i, e in enumerate(received) if e.get("type") == "session.update")
+    while last > 0 and received[last - 1].get("type") == "session.update":
+        last -= 1
+    count = 0
+    for event in received[last:]:
+        if event.get("type") == "response.create":
+            break
+        if event.get("type") == "conversation.item.create" and event["item"]["type"] == "message":
+            count += 1
+    return count
+
+
+def sent_since(journal, ssrc: int, start: int) -> bool:
+    """A packet from `ssrc` among the datagrams the fake received after the first `start`."""
+    return any(sender == ssrc for sender, _ in journal.udp[start:])
+
+
+async def measure(runs: int, turns: int) -> tuple[list[dict], list[float]]:
+    with tempfile.TemporaryDirectory() as tmp:
+        said = [f"note number {i} for the meeting" for i in range(turns)]
+        async with room(Path(tmp), script, transcripts={"olive": said}) as r:
+            loop = asyncio.get_running_loop()
+            journal = r.fake.journal
+            joins = []
+            started = loop.time()
+            await join_and_settle(r, r.olive)
+            joins.append(loop.time() - started)
+            for _ in range(turns):
+                await say(r, r.olive, text="note this for the meeting on thursday")
+            await r.recorded(lambda calls: calls and sum(t[0] == "user" for t in calls[0]["turns"]) >= turns, WAIT_S)
+            results = []
+            for _ in range(runs):
+                await r.kill()
+                readies = len(journal.dispatched("READY"))
+                spoken = len(journal.udp)
+                await r.start()
+                ready = loop.time()  # `start` returns as the fake dispatches READY
+                await r.fake.wait_bot_voice(timeout=WAIT_S)
+                rejoined = loop.time()
+                await in_voice(r)
+                dave = loop.time()
+                await journal.wait_for(partial(sent_since, journal, r.fake.voice.bot_session.ssrc, spoken), WAIT_S)
+                spoke = loop.time()
+                assert len(journal.dispatched("READY")) == readies + 1
+                assert any(BACK_NOTICE in str(e.get("response", {}).get("instructions")) for e in r.realtime.received
+                           if e.get("type") == "response.create")
+                results.append({"rejoined": rejoined - ready, "dave": dave - ready, "spoke": spoke - ready,
+                                "items": restored_items(r.realtime.received)})
+                await r.realtime.wait_for(lambda: any(e.get("type") == "response.done" for e in r.realtime.sent), WAIT_S)
+            # baseline: the same room, a fresh join (leave first)
+            await r.command("talk leave", r.olive)
+            for _ in range(2):
+                await r.kill()
+                await r.start()
+                started = loop.time()
+                await join_and_settle(r, r.olive)
+                joins.append(loop.time() - started)
+                await r.command("talk leave", r.olive)
+    return results, joins
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=5, help="restarts to time")
+    parser.add_argument("--turns", type=int, default=3, help="turns spoken before the first crash")
+    args = parser.parse_args()
+    load = os.getloadavg()
+    print(f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} at start")
+    wall = time.perf_counter()
+    results, joins = asyncio.run(measure(args.runs, args.turns))
+    print(f"\n{'restart':>7} | {'READY→rejoined':>14} | {'READY→DAVE':>10} | {'READY→spoke':>11} | earlier items")
+    for i, row in enumerate(results, 1):
+        print(f"{i:>7} | {row['rejoined']:>12.2f} s | {row['dave']:>8.2f} s | {row['spoke']:>9.2f} s | {row['items']}")
+    spoke = statistics.median(r["spoke"] for r in results)
+    dave = statistics.median(r["dave"] for r in results)
+    join = statistics.median(joins)
+    print(f"\nmedian READY→rejoined {statistics.median(r['rejoined'] for r in results):.2f} s, READY→DAVE {dave:.2f} s, "
+          f"READY→spoke {spoke:.2f} s (goal <= {GOAL_S:.0f} s: {'met' if spoke <= GOAL_S else 'NOT met'})")
+    print(f"baseline: a fresh /talk join → DAVE ready, median of {len(joins)}: {join:.2f} s; "
+          f"ratio rejoin/join {dave / join:.2f}")
+    print(f"total wall {time.perf_counter() - wall:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
