@@ -3,10 +3,13 @@ fake Discord (genuine DAVE) and fake Realtime is killed with SIGKILL mid-call, s
 from the gateway READY of the new process to the bot speaking in the channel again.
 
 Per restart, on the test process's clock (each mark is when the fake saw it):
+  exec       the new process was started (not part of the goal: Python, discord.py and login)
   READY      the fake dispatched READY to the new process (its imports and login are before this)
-  rejoined   the bot's new voice session was described (op 4 → voice gateway → SESSION_DESCRIPTION)
-  DAVE       the bot is in the channel's DAVE group again with every member's key
-  spoke      the first audio packet of the bot's "I'm back" reached the fake's UDP socket
+  rejoined   the fake described the bot's new voice session (op 4 → voice gateway → SESSION_DESCRIPTION)
+  DAVE       the fake executed the last DAVE transition the bot was in (op 22): it holds every member's key
+  spoke      the first datagram of the bot's "I'm back" a member hears as sound reached the fake's socket
+             (noticed by the waiting bench, so at most one loop turn late)
+The first three are the fake's own timestamps of those frames.
 and how many earlier conversation items the new provider session received before its first answer.
 
 Baseline, measured in the same run: a fresh `/talk join` in the same room (interaction → DAVE ready),
@@ -25,13 +28,17 @@ import statistics
 import sys
 import tempfile
 import time
-from functools import partial
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import davey  # noqa: E402
+import discord.opus  # noqa: E402
+import numpy as np  # noqa: E402
+
 from bot.discord.calls import BACK_NOTICE  # noqa: E402
 from tests.support.discord_room import in_voice, join_and_settle, room, say  # noqa: E402
+from tests.support.fake_discord.speech import OPUS_SILENCE, open_bot_packet  # noqa: E402
 from tests.support.fake_realtime import AudioReply  # noqa: E402
 
 GOAL_S = 5.0
@@ -58,9 +65,44 @@ def restored_items(received: list[dict]) -> int:
     return count
 
 
-def sent_since(journal, ssrc: int, start: int) -> bool:
-    """A packet from `ssrc` among the datagrams the fake received after the first `start`."""
-    return any(sender == ssrc for sender, _ in journal.udp[start:])
+class FirstWord:
+    """Watches the bot's datagrams from `start` on (as the fake receives them) for the first one a member
+    hears as sound: transport-opened, not Opus silence, DAVE-decrypted by the member, decoded, louder than
+    -50 dBFS. Incremental: each datagram is looked at once."""
+
+    def __init__(self, r, start: int) -> None:
+        self.r, self.seen = r, start
+        self.session = r.fake.voice.bot_session
+        self.member = r.fake.voice.relay.local[r.olive.id]
+        self.decoder = discord.opus.Decoder()
+
+    def __call__(self) -> bool:
+        udp = self.r.fake.journal.udp
+        while self.seen < len(udp):
+            ssrc, datagram = udp[self.seen]
+            self.seen += 1
+            if ssrc != self.session.ssrc:
+                continue
+            frame = open_bot_packet(self.session, datagram)
+            if frame == OPUS_SILENCE:
+                continue
+            try:
+                pcm = self.decoder.decode(self.member.decrypt(self.r.fake.bot.id, davey.MediaType.audio, frame))
+            except Exception:
+                continue
+            samples = np.frombuffer(pcm, dtype=np.int16).astype(np.float64)
+            if samples.size and np.sqrt(np.mean(samples ** 2)) > 32768 * 10 ** (-50 / 20):
+                return True
+        return False
+
+
+async def timed_join(r) -> float:
+    """`/talk join` in a fresh process: INTERACTION_CREATE dispatched → the last DAVE transition executed."""
+    frames = len(r.fake.journal.frames)
+    await join_and_settle(r, r.olive)
+    new = r.fake.journal.frames[frames:]
+    asked = next(f.at for f in new if f.event == "INTERACTION_CREATE")
+    return max(f.at for f in new if f.link == "voice" and f.direction == "out" and f.op == 22) - asked
 
 
 async def measure(runs: int, turns: int) -> tuple[list[dict], list[float]]:
@@ -69,10 +111,7 @@ async def measure(runs: int, turns: int) -> tuple[list[dict], list[float]]:
         async with room(Path(tmp), script, transcripts={"olive": said}) as r:
             loop = asyncio.get_running_loop()
             journal = r.fake.journal
-            joins = []
-            started = loop.time()
-            await join_and_settle(r, r.olive)
-            joins.append(loop.time() - started)
+            joins = [await timed_join(r)]
             for _ in range(turns):
                 await say(r, r.olive, text="note this for the meeting on thursday")
             await r.recorded(lambda calls: calls and sum(t[0] == "user" for t in calls[0]["turns"]) >= turns, WAIT_S)
@@ -81,18 +120,20 @@ async def measure(runs: int, turns: int) -> tuple[list[dict], list[float]]:
                 await r.kill()
                 readies = len(journal.dispatched("READY"))
                 spoken = len(journal.udp)
+                frames = len(journal.frames)
+                spawned = time.monotonic()
                 await r.start()
-                ready = loop.time()  # `start` returns as the fake dispatches READY
-                await r.fake.wait_bot_voice(timeout=WAIT_S)
-                rejoined = loop.time()
                 await in_voice(r)
-                dave = loop.time()
-                await journal.wait_for(partial(sent_since, journal, r.fake.voice.bot_session.ssrc, spoken), WAIT_S)
+                new = journal.frames[frames:]
+                ready = next(f.at for f in new if f.event == "READY")
+                rejoined = next(f.at for f in new if f.link == "voice" and f.direction == "out" and f.op == 4)
+                dave = max(f.at for f in new if f.link == "voice" and f.direction == "out" and f.op == 22)
+                await journal.wait_for(FirstWord(r, spoken), WAIT_S)
                 spoke = loop.time()
                 assert len(journal.dispatched("READY")) == readies + 1
                 assert any(BACK_NOTICE in str(e.get("response", {}).get("instructions")) for e in r.realtime.received
                            if e.get("type") == "response.create")
-                results.append({"rejoined": rejoined - ready, "dave": dave - ready, "spoke": spoke - ready,
+                results.append({"boot": ready - spawned, "rejoined": rejoined - ready, "dave": dave - ready, "spoke": spoke - ready,
                                 "items": restored_items(r.realtime.received)})
                 await r.realtime.wait_for(lambda: any(e.get("type") == "response.done" for e in r.realtime.sent), WAIT_S)
             # baseline: the same room, a fresh join (leave first)
@@ -100,9 +141,7 @@ async def measure(runs: int, turns: int) -> tuple[list[dict], list[float]]:
             for _ in range(2):
                 await r.kill()
                 await r.start()
-                started = loop.time()
-                await join_and_settle(r, r.olive)
-                joins.append(loop.time() - started)
+                joins.append(await timed_join(r))
                 await r.command("talk leave", r.olive)
     return results, joins
 
@@ -116,9 +155,9 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, load average {load[0]:.2f} at start")
     wall = time.perf_counter()
     results, joins = asyncio.run(measure(args.runs, args.turns))
-    print(f"\n{'restart':>7} | {'READY→rejoined':>14} | {'READY→DAVE':>10} | {'READY→spoke':>11} | earlier items")
+    print(f"\n{'restart':>7} | {'exec→READY':>10} | {'READY→rejoined':>14} | {'READY→DAVE':>10} | {'READY→spoke':>11} | earlier items")
     for i, row in enumerate(results, 1):
-        print(f"{i:>7} | {row['rejoined']:>12.2f} s | {row['dave']:>8.2f} s | {row['spoke']:>9.2f} s | {row['items']}")
+        print(f"{i:>7} | {row['boot']:>8.2f} s | {row['rejoined']:>12.2f} s | {row['dave']:>8.2f} s | {row['spoke']:>9.2f} s | {row['items']}")
     spoke = statistics.median(r["spoke"] for r in results)
     dave = statistics.median(r["dave"] for r in results)
     join = statistics.median(joins)

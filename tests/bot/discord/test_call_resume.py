@@ -133,8 +133,13 @@ async def test_a_call_whose_channel_emptied_while_the_bot_was_down_is_ended_not_
         await r.start()
         (call,) = await r.recorded(lambda calls: calls[0]["state"] == "ended")
         assert call["end_reason"] == "nobody was in the channel when Switchboard restarted"
+        (recap,) = await r.fake.journal.wait_for(lambda: [m for m in r.fake.state.messages if m["embeds"]], WAIT_S)
         assert len(r.fake.journal.frames_of("gateway", "in", 4)) == voice_requests  # it never asked to join
         assert back_asked(r.realtime) == 0
+    embed = recap["embeds"][0]  # the call's recap, from its row: no model here, so no summary
+    fields = {f["name"]: f["value"] for f in embed["fields"]}
+    assert embed["title"] == "Call recap" and "Summary unavailable" in embed["description"]
+    assert "nobody was in the channel" in fields["ended"] and "Olive" in fields["who spoke"]
 
 
 @pytest.mark.asyncio

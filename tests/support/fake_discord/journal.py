@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ class Frame:
     op: int
     data: Any  # JSON "d", or the binary payload after the opcode
     event: str | None = None  # gateway dispatch name
+    at: float = field(default_factory=time.monotonic)  # when the fake sent or received it (the loop's clock)
 
 
 @dataclass
