@@ -40,6 +40,7 @@ from voice.call.identity import Identity, MemorySource
 from voice.call.providers import RealtimeProvider
 from voice.call.records import CallRecord, CallRecords
 from voice.call.tools import ToolCatalogue
+from voice.call.usage import NO_USAGE, CallUsage
 from voice.call.vad import VadBank, VadConfig
 from voice.media.channel import RoomClock, RoomTransport
 from voice.media.discord_client import ListeningVoiceClient
@@ -87,6 +88,19 @@ class GuildCall:
     recording: set[asyncio.Task] = field(default_factory=set)  # turns on their way to the store
     record_failed: bool = False  # said once per call
     resumed: bool = False  # rejoined after the process restarted
+    spoken_before: dict[int, int] = field(default_factory=dict)  # ms each person spoke before a restart
+    usage_before: CallUsage = NO_USAGE  # what the provider reported before a restart
+
+    def usage(self) -> CallUsage:
+        return self.usage_before + self.engine.usage
+
+    def spoken_ms(self) -> dict[int, int]:
+        """How long each person has spoken in the call, before and since a restart."""
+        totals = dict(self.spoken_before)
+        for user_id, ms in self.engine.spoken_ms.items():
+            if user_id is not None:
+                totals[user_id] = totals.get(user_id, 0) + int(ms)
+        return totals
 
 
 @dataclass(frozen=True)
@@ -190,7 +204,9 @@ class CallManager:
             task = asyncio.create_task(engine.run(), name=f"call-{guild.id}")
             call = GuildCall(guild.id, channel.id, voice, transport, engine, task, detach, started_at=started_at,
                              requested_by=requested_by, text_channel_id=text_channel_id, rejoined=rejoined,
-                             record_id=record_id, resumed=resume is not None)
+                             record_id=record_id, resumed=resume is not None,
+                             spoken_before=dict(resume.spoken_ms) if resume is not None else {},
+                             usage_before=resume.usage if resume is not None else NO_USAGE)
             self._calls[guild.id] = call
             if captions:
                 await self._start_captions(guild, call, channel)
@@ -354,6 +370,8 @@ class CallManager:
             return
         try:
             await records.add_turn(call.record_id, role, speaker, name, text, at)
+            if role == "user":
+                await records.set_totals(call.record_id, call.spoken_ms(), call.usage())
         except Exception as exc:
             self._record_failure(call, exc)
 
@@ -365,6 +383,7 @@ class CallManager:
         if call.recording:
             await asyncio.wait(set(call.recording), timeout=LEAVE_TIMEOUT_S)
         try:
+            await records.set_totals(call.record_id, call.spoken_ms(), call.usage())
             if resume:
                 await records.mark_resume(call.record_id)
             else:

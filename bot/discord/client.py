@@ -221,7 +221,7 @@ class SwitchboardBot(discord.Client):
             embed.add_field(name="answers", value=f"{audio.get('reply_to', 'everyone')}; {counters.get('turns', 0)} turns, "
                             f"{counters.get('unanswered', 0)} left unanswered, {counters.get('backchannels', 0)} "
                             f"backchannels, {counters.get('barge_ins', 0)} interruptions", inline=False)
-            embed.add_field(name="usage", value=call.engine.usage.describe()[:1024], inline=False)
+            embed.add_field(name="usage", value=call.usage().describe()[:1024], inline=False)
         lanes = ", ".join(s.agent_lanes)
         embed.add_field(name="agent lanes", value=lanes, inline=True)
         embed.add_field(name="operators", value=str(len(self.gate.operators)) if self.gate.operators else

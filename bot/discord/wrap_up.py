@@ -1,8 +1,8 @@
 """When a Discord call ends for good — `/talk leave`, an empty channel, the call limit, a disconnect, or a
 restart that found its channel empty — in the order it happens:
 
-1. the call's row (`voice.call.records`: when, who started it, its last turns) and, when this process
-   held the call, who spoke for how long and what the provider reported (`CallEngine.spoken_ms`, `usage`);
+1. the call's row (`voice.call.records`: when, who started it, its last turns, who spoke for how long
+   and what the provider reported — before and after any restart);
 2. the runs it started (`RunService.tickets_of("call-<row id>")`: the id outlives restarts with the row);
 3. a summary of what was discussed and decided: one structured request to the text model
    (`voice.call.summary`), bounded by `SUMMARY_TIMEOUT_S` and cut short when the process stops (`hurry`);
@@ -76,9 +76,8 @@ class CallWrapUp:
             log.warning("call-%s: the recap lists no runs: %s", record.id, exc)
             runs = []
         summary, note = await self._summary(record)
-        engine = call.engine if call is not None else None
-        recap = recap_of(record, spoken_ms=engine.spoken_ms if engine is not None else {},
-                         names=_names(call), runs=runs, usage=engine.usage if engine is not None else None,
+        recap = recap_of(record, spoken_ms=record.spoken_ms,
+                         names=_names(call), runs=runs, usage=record.usage if record.usage.reported else None,
                          summary=summary, summary_note=note, ended_at=record.ended_at or time.time())
         embed = recap_embed(recap)
         channels = [record.text_channel_id]
@@ -140,7 +139,7 @@ def _names(call: GuildCall | None) -> dict[int, str]:
         return {}
     guild = call.voice.guild
     names = {}
-    for user_id in call.engine.spoken_ms:
+    for user_id in call.spoken_ms():
         member = guild.get_member(user_id) if user_id is not None else None
         if member is not None:
             names[user_id] = member.display_name

@@ -127,7 +127,7 @@ class Room:
 
     def calls(self) -> list[dict]:
         """Every voice call recorded in the store (`voice_calls`), oldest first, with its turns as
-        (role, speaker id, text)."""
+        (role, speaker id, text) and `spoken`: ms spoken by user id."""
         if not (self.home / DB_FILENAME).exists():
             return []
         with contextlib.closing(sqlite3.connect(self.home / DB_FILENAME)) as db:
@@ -139,6 +139,8 @@ class Room:
                 call["turns"] = db.execute("SELECT role, speaker_id, text FROM voice_call_turns WHERE call_id = ? "
                                            "ORDER BY seq", (call["id"],)).fetchall()
                 call["turns"] = [tuple(t) for t in call["turns"]]
+                call["spoken"] = dict(db.execute("SELECT user_id, spoken_ms FROM voice_call_speakers WHERE call_id = ?",
+                                                 (call["id"],)).fetchall())
         return calls
 
     def facts(self) -> list[dict]:

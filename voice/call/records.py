@@ -10,13 +10,19 @@ A call is one `voice_calls` row from join to leave, in one of three states:
 `voice_call_turns` keeps each call's last `KEEP_TURNS` lines of conversation — who spoke (the speaker's
 immutable id, their display name as shown: untrusted), the transcription or the assistant's words —
 text only, never audio; the oldest go in the same transaction that adds a newer one.
+`voice_call_speakers` keeps how long each person has spoken in the call so far, and `voice_calls.usage`
+what the provider reported (`CallUsage` as JSON) — both written with each person's turn and at the end,
+so a recap after a restart still counts what came before it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from common.store import Migration, Store
+from voice.call.usage import NO_USAGE, CallUsage
 
 PACKAGE = "voice"
 KEEP_TURNS = 50
@@ -53,6 +59,15 @@ MIGRATIONS = (
             PRIMARY KEY (call_id, seq)
         );
     """),
+    Migration(PACKAGE, 2, """
+        ALTER TABLE voice_calls ADD COLUMN usage TEXT;
+        CREATE TABLE voice_call_speakers (
+            call_id   INTEGER NOT NULL REFERENCES voice_calls (id) ON DELETE CASCADE,
+            user_id   INTEGER NOT NULL,
+            spoken_ms INTEGER NOT NULL CHECK (spoken_ms >= 0),
+            PRIMARY KEY (call_id, user_id)
+        );
+    """),
 )
 
 
@@ -80,6 +95,8 @@ class CallRecord:
     end_reason: str | None
     state: str
     turns: tuple[CallTurn, ...] = ()  # oldest first
+    spoken_ms: dict[int, int] = field(default_factory=dict)  # user id -> ms spoken in the call so far
+    usage: CallUsage = NO_USAGE  # what the provider reported over the call so far
 
 
 class CallRecords:
@@ -122,6 +139,17 @@ class CallRecords:
         return await self.store.execute("UPDATE voice_calls SET state = 'resume' WHERE id = ? AND state = 'live'",
                                         (call_id,)) > 0
 
+    async def set_totals(self, call_id: int, spoken_ms: Mapping[int, float], usage: CallUsage) -> None:
+        """How long each person has spoken in the call so far, and what the provider reported (totals, not
+        additions)."""
+        rows = [(call_id, int(user), max(0, int(ms))) for user, ms in spoken_ms.items() if user is not None]
+        async with self.store.transaction() as db:
+            await db.execute("UPDATE voice_calls SET usage = ? WHERE id = ?", (json.dumps(usage.to_json()), call_id))
+            if rows:
+                await db.executemany("INSERT INTO voice_call_speakers (call_id, user_id, spoken_ms) VALUES (?, ?, ?) "
+                                     "ON CONFLICT (call_id, user_id) DO UPDATE SET spoken_ms = excluded.spoken_ms",
+                                     rows)
+
     async def mark_live(self, call_id: int) -> bool:
         """The call was rejoined after a restart: `live` again, same row and turns. False if it had ended."""
         return await self.store.execute("UPDATE voice_calls SET state = 'live' WHERE id = ? AND state != 'ended'",
@@ -129,14 +157,14 @@ class CallRecords:
 
     async def get(self, call_id: int) -> CallRecord | None:
         row = await self.store.fetchone("SELECT * FROM voice_calls WHERE id = ?", (call_id,))
-        return None if row is None else _record(row, await self._turns(call_id))
+        return None if row is None else _record(row, await self._turns(call_id), await self._spoken(call_id))
 
     async def live(self, *, guild_id: int | None = None) -> list[CallRecord]:
         """Calls not ended (`live` or `resume`), oldest first, each with its recent turns (oldest first)."""
         rows = await self.store.fetchall(
             "SELECT * FROM voice_calls WHERE state IN ('live', 'resume') AND (? IS NULL OR guild_id = ?) ORDER BY id",
             (guild_id, guild_id))
-        return [_record(row, await self._turns(row["id"])) for row in rows]
+        return [_record(row, await self._turns(row["id"]), await self._spoken(row["id"])) for row in rows]
 
     async def _turns(self, call_id: int) -> tuple[CallTurn, ...]:
         rows = await self.store.fetchall("SELECT seq, at, role, speaker_id, name, text FROM voice_call_turns "
@@ -144,8 +172,22 @@ class CallRecords:
         return tuple(CallTurn(r["seq"], r["at"], r["role"], r["speaker_id"], r["name"], r["text"]) for r in rows)
 
 
-def _record(row, turns: tuple[CallTurn, ...]) -> CallRecord:
+    async def _spoken(self, call_id: int) -> dict[int, int]:
+        rows = await self.store.fetchall("SELECT user_id, spoken_ms FROM voice_call_speakers WHERE call_id = ?",
+                                         (call_id,))
+        return {r["user_id"]: r["spoken_ms"] for r in rows}
+
+
+def _record(row, turns: tuple[CallTurn, ...], spoken_ms: dict[int, int]) -> CallRecord:
     return CallRecord(id=row["id"], guild_id=row["guild_id"], voice_channel_id=row["voice_channel_id"],
                       text_channel_id=row["text_channel_id"], started_by=row["started_by"], mode=row["mode"],
                       captions=bool(row["captions"]), started_at=row["started_at"], ended_at=row["ended_at"],
-                      end_reason=row["end_reason"], state=row["state"], turns=turns)
+                      end_reason=row["end_reason"], state=row["state"], turns=turns, spoken_ms=spoken_ms,
+                      usage=_usage(row["usage"]))
+
+
+def _usage(text: str | None) -> CallUsage:
+    try:
+        return CallUsage.from_json(json.loads(text)) if text else NO_USAGE
+    except ValueError:
+        return NO_USAGE

@@ -84,6 +84,16 @@ class CallUsage:
     def to_json(self) -> dict:
         return {**asdict(self), "total_tokens": self.total_tokens}
 
+    @classmethod
+    def from_json(cls, data: Any) -> CallUsage:
+        """What `to_json` wrote (a stored call's usage); unknown or malformed fields count as 0."""
+        source = _mapping(data)
+        counts = {f.name: _count(source, f.name) for f in fields(cls) if f.name != "transcription_seconds"}
+        seconds = source.get("transcription_seconds")
+        ok = isinstance(seconds, int | float) and not isinstance(seconds, bool) and math.isfinite(seconds) \
+            and seconds >= 0
+        return cls(**counts, transcription_seconds=float(seconds) if ok else 0.0)
+
     def describe(self) -> str:
         """One line for people: tokens in and out by modality, cached, transcription."""
         if not self.reported:

@@ -7,7 +7,16 @@ from __future__ import annotations
 import pytest
 
 from bot.discord.calls import BACK_NOTICE
-from tests.support.discord_room import ONE_ROOM_AT_A_TIME, WAIT_S, in_voice, join_and_settle, room, say
+from tests.support.discord_room import (
+    ONE_ROOM_AT_A_TIME,
+    WAIT_S,
+    in_voice,
+    join_and_settle,
+    opus_speech,
+    room,
+    say,
+    speak_live,
+)
 from tests.support.fake_hermes import FakeHermes
 from tests.support.fake_realtime import AudioReply, ToolCallReply
 from tests.support.fake_text_model import FakeTextModel
@@ -79,8 +88,10 @@ async def test_a_killed_bot_rejoins_its_call_with_the_earlier_turns_and_a_stoppe
             SWITCHBOARD_TEXT_API_KEY="text-key", SWITCHBOARD_TEXT_MODEL="gpt-test") as r:
         text.answer = text_answer
         await join_and_settle(r, r.olive)
-        await say(r, r.olive)
-        (call,) = await r.recorded(lambda calls: calls and ("assistant", None, "Done.") in calls[0]["turns"])
+        await speak_live(r.fake, r.olive, opus_speech(ASKED))  # paced: all of it is heard, seconds of speech
+        (call,) = await r.recorded(lambda calls: calls and ("assistant", None, "Done.") in calls[0]["turns"]
+                                   and calls[0]["spoken"])
+        before = call["spoken"][r.olive.id]  # ms olive spoke before the crash: more than the "yes" below
 
         await r.kill()  # a crash: nothing is left, nothing marked
         assert r.calls()[0]["state"] == "live"
@@ -93,8 +104,9 @@ async def test_a_killed_bot_rejoins_its_call_with_the_earlier_turns_and_a_stoppe
         assert who[0] == "system" and f"user id {r.olive.id}" in who[1]  # with who said them
         await r.fake.journal.wait_for(lambda: r.fake.hear_bot(r.olive)[0], WAIT_S)  # it spoke in the channel
 
-        await say(r, r.olive)  # the call goes on in the same row
-        await r.recorded(lambda calls: ("user", r.olive.id, ASKED_AFTER) in calls[0]["turns"])
+        await say(r, r.olive, text="yes")  # the call goes on in the same row (a shorter sentence than before)
+        await r.recorded(lambda calls: ("user", r.olive.id, ASKED_AFTER) in calls[0]["turns"]
+                         and calls[0]["spoken"][r.olive.id] > before)  # counted on from before the crash
 
         assert await r.terminate() == 0  # a deploy: marked to resume, not ended
         (stopped,) = r.calls()

@@ -7,6 +7,7 @@ import pytest_asyncio
 
 from common.store import Store, open_store
 from voice.call.records import KEEP_TURNS, MIGRATIONS, CallRecords
+from voice.call.usage import CallUsage
 
 
 @pytest_asyncio.fixture
@@ -84,3 +85,29 @@ async def test_ended_resume_and_live_calls(store: Store):
     assert [c.id for c in await records.live(guild_id=3)] == [crash]
     assert await records.end(deploy, "rejoined nobody", 20.0)  # a call to resume can still end
     assert [c.id for c in await records.live()] == [crash]
+
+
+async def test_speaking_times_and_usage_are_totals_kept_with_the_call(tmp_path):
+    store = await open_store(tmp_path, MIGRATIONS)
+    records = CallRecords(store)
+    call_id = await records.start(guild_id=1, voice_channel_id=2, text_channel_id=None, started_by=3, mode="everyone",
+                                  captions=False, at=10.0)
+    assert (await records.get(call_id)).spoken_ms == {} and not (await records.get(call_id)).usage.reported
+    used = CallUsage(responses=2, input_tokens=900, input_audio=800, output_tokens=300, output_audio=250,
+                     transcription_seconds=4.5)
+    await records.set_totals(call_id, {3: 1200, None: 500, 4: 300}, used)
+    await records.set_totals(call_id, {3: 2500}, used + used)  # totals replace, people not named stay
+    record = await records.get(call_id)
+    assert record.spoken_ms == {3: 2500, 4: 300}  # an unattributed stretch has nobody to count for
+    assert record.usage == used + used
+    (live,) = await records.live()
+    assert live.spoken_ms == record.spoken_ms and live.usage == record.usage
+    await store.close()
+
+
+def test_a_stored_usage_that_is_not_what_to_json_wrote_counts_as_nothing():
+    assert CallUsage.from_json({"responses": "2", "input_tokens": -1, "transcription_seconds": float("nan"),
+                                "output_tokens": True}) == CallUsage()
+    assert CallUsage.from_json(None) == CallUsage()
+    used = CallUsage(responses=1, output_tokens=5, transcription_seconds=1.25)
+    assert CallUsage.from_json(used.to_json()) == used
