@@ -8,9 +8,9 @@ import os
 import pytest
 from _pytest.nodeid import NodeId
 
-# The xdist groups of the tests that pace real-time audio through a bot process (`discord_room.room`, the
+# The xdist groups of the tests that pace real-time audio through a bot process (`discord_room.real_time`, the
 # fake Discord's voice rig): their timing is what they test; every other test only needs the CPU eventually.
-REAL_TIME_GROUPS = frozenset({"discord_room", "fake_discord_voice_rig"})
+REAL_TIME_PREFIX = "real_time"
 YIELDING_NICENESS = 10
 _yielding = pytest.StashKey[bool]()
 
@@ -41,12 +41,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
-    """On an xdist worker, the first test outside REAL_TIME_GROUPS lowers the worker's CPU priority (and so
+    """On an xdist worker, the first test outside the real-time groups lowers the worker's CPU priority (and so
     its children's) for the rest of the run: on two cores, a room's bot process then never waits behind
     another worker's busy test. A group is its worker's first work, so a real-time group runs at normal
     priority; a process may lower its own priority, but not raise it again."""
     config = item.config
-    if not hasattr(config, "workerinput") or config.stash.get(_yielding, False) or _groups(item) & REAL_TIME_GROUPS:
+    if not hasattr(config, "workerinput") or config.stash.get(_yielding, False) or any(
+            group.startswith(REAL_TIME_PREFIX) for group in _groups(item)):
         return
     os.nice(YIELDING_NICENESS)
     config.stash[_yielding] = True

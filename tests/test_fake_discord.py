@@ -18,8 +18,8 @@ from tests.support.packets import dominant_frequency, opus_frames
 from voice.media.discord_client import ListeningVoiceClient
 
 # The voice tests share one bot process (`voice_rig_module`): one worker runs them all, in order. It is a bare
-# discord.py client, no `switchboard run` with a fake Realtime, so it may overlap ONE_ROOM_AT_A_TIME.
-pytestmark = pytest.mark.xdist_group("fake_discord_voice_rig")
+# discord.py client, no `switchboard run` with a fake Realtime, so it has a lane of its own.
+pytestmark = pytest.mark.xdist_group("real_time_fake_discord_voice_rig")
 
 
 def talk_client() -> tuple[discord.Client, list[tuple[int, str]]]:

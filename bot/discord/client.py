@@ -73,7 +73,7 @@ class SwitchboardBot(discord.Client):
         self.tree.add_command(TranscriptsGroup(self))
         self.tree.add_command(CallbacksGroup(self))
         self.synced: list[str] = []
-        self.connected = asyncio.Event()  # set at the first READY: the guilds are known
+        self.connected = asyncio.Event()  # set once every server READY listed has arrived: the guilds are known
         self.ready_future: asyncio.Future[SwitchboardBot] | None = None
         self._text: TextModel | None = None
         self._text_problem: str | None = None
@@ -127,20 +127,28 @@ class SwitchboardBot(discord.Client):
             self.ready_future.set_result(self)  # logged in and synced; the gateway opens next
 
     async def on_ready(self) -> None:
-        first = not self.connected.is_set()
-        self.connected.set()
-        log.info("connected to Discord as %s (%s) in %d guild(s)", self.user, getattr(self.user, "id", "?"),
-                 len(self.guilds))
-        if first:  # every server that will come has come: what was not rejoined ends; held runs go out
-            self.resuming.add(asyncio.create_task(self._finish_resuming(), name="resume-calls"))
+        self._all_here()
 
     async def on_guild_available(self, guild: discord.Guild) -> None:
         """A server's GUILD_CREATE (its channels and who is in voice): rejoin the call the previous process
-        held there at once, not after READY's wait for every server."""
+        held there at once; once every server READY listed is here, the service is connected — without
+        waiting out discord.py's READY delay (`guild_ready_timeout`, 2 s after the last server)."""
         if not self.connected.is_set():
             task = asyncio.create_task(self._resume_guild(guild), name=f"resume-{guild.id}")
             self.resuming.add(task)
             self._rejoining.add(task)
+            if not any(g.unavailable for g in self.guilds):
+                self._all_here()
+
+    def _all_here(self) -> None:
+        """Every server that will come at start has come (or READY gave up waiting): the listener may start,
+        calls that were not rejoined end, held runs go out. Once."""
+        if self.connected.is_set():
+            return
+        self.connected.set()
+        log.info("connected to Discord as %s (%s) in %d guild(s)", self.user, getattr(self.user, "id", "?"),
+                 len(self.guilds))
+        self.resuming.add(asyncio.create_task(self._finish_resuming(), name="resume-calls"))
 
     async def _resume_guild(self, guild: discord.Guild) -> None:
         try:

@@ -41,10 +41,15 @@ WAIT_S = 30.0
 FRAME_S = 0.02
 MAX_BURST_FRAMES = 15  # the bot keeps 25 frames (500 ms) per member; a longer burst would be shed
 
-# The mark of every module that uses `room`: two bot processes pacing real-time audio against a fake
-# Discord and a fake Realtime on different xdist workers starve each other on a small machine, so with
-# `--dist loadgroup` (pyproject.toml) rooms run one after another, on one worker.
-ONE_ROOM_AT_A_TIME = pytest.mark.xdist_group("discord_room")
+REAL_TIME = "real_time"  # the prefix of the xdist groups whose tests pace real-time audio (tests/conftest.py)
+
+
+def real_time(lane: str) -> pytest.MarkDecorator:
+    """The mark of every test that uses `room`: its tests run one after another on one xdist worker
+    (`--dist loadgroup`, pyproject.toml), at normal priority while the other workers yield the CPU
+    (tests/conftest.py). A few lanes run side by side: each bot paces audio in real time and mostly
+    waits, so two cores hold several lanes — but not every room test at once."""
+    return pytest.mark.xdist_group(f"{REAL_TIME}_{lane}")
 
 
 def opus_speech(text: str, **voice: int | str) -> list[bytes]:

@@ -8,11 +8,11 @@ import pytest
 
 from bot.discord.calls import BACK_NOTICE
 from tests.support.discord_room import (
-    ONE_ROOM_AT_A_TIME,
     WAIT_S,
     in_voice,
     join_and_settle,
     opus_speech,
+    real_time,
     room,
     say,
     speak_live,
@@ -22,7 +22,7 @@ from tests.support.fake_realtime import AudioReply, ToolCallReply
 from tests.support.fake_text_model import FakeTextModel
 from tests.support.runs import KEY as HERMES_KEY
 
-pytestmark = ONE_ROOM_AT_A_TIME
+pytestmark = real_time("resume")
 ASKED = "my team meets every thursday in room four"
 FACT = "The team meets every Thursday in room four."
 ASKED_AFTER = "and add a projector"

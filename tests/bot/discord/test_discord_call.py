@@ -7,17 +7,17 @@ from __future__ import annotations
 import pytest
 
 from tests.support.discord_room import (
-    ONE_ROOM_AT_A_TIME,
     WAIT_S,
     dave_settled,
     in_voice,
     join_and_settle,
+    real_time,
     room,
     say,
 )
 from tests.support.fake_realtime import AudioReply, ToolCallReply
 
-pytestmark = ONE_ROOM_AT_A_TIME
+pytestmark = real_time("call")
 SAID = "audit the auth module and report back"
 
 

@@ -12,7 +12,6 @@ import json
 import pytest
 
 from tests.support.discord_room import (
-    ONE_ROOM_AT_A_TIME,
     WAIT_S,
     Room,
     commits,
@@ -20,6 +19,7 @@ from tests.support.discord_room import (
     join_and_settle,
     opus_frames,
     opus_speech,
+    real_time,
     room,
     speak_live,
     tone_frames,
@@ -28,8 +28,6 @@ from tests.support.fake_discord import EPHEMERAL
 from tests.support.fake_realtime import AudioReply
 from tests.support.fake_realtime_replies import speaker_named
 from tests.support.speech import noise_burst_frames
-
-pytestmark = ONE_ROOM_AT_A_TIME
 
 GAP_S = 0.25
 TEN = ["ann", "ben", "cal", "dan", "eve", "fay", "gil", "hal", "ivy", "jon"]
@@ -70,6 +68,7 @@ async def turns(r: Room, count: int) -> None:
     await r.realtime.wait_for(lambda: len(commits(r.realtime)) >= count, WAIT_S)
 
 
+@real_time("room_a")
 @pytest.mark.asyncio
 async def test_members_taking_turns_are_committed_in_order_and_ten_at_once_are_ten_named_turns(tmp_path):
     async with room(tmp_path, lambda ctx: AudioReply("Noted.", audio_ms=200),
@@ -103,6 +102,7 @@ async def test_members_taking_turns_are_committed_in_order_and_ten_at_once_are_t
     assert "13 turns, 0 left unanswered" in fields["answers"], fields["answers"]
 
 
+@real_time("room_b")
 @pytest.mark.asyncio
 async def test_addressed_mode_answers_only_its_name_and_follow_ups_and_captions_escape_a_hostile_name(tmp_path):
     hostile = "**@everyone** [x](https://evil)"
@@ -175,6 +175,7 @@ def script_long_answers(ctx):
 ANSWER_FRAMES, ANSWER_CHUNKS = 3000 // 20, 3000 // 100
 
 
+@real_time("room_c")
 @pytest.mark.asyncio
 async def test_a_cough_and_an_uh_huh_leave_the_answer_playing_and_a_sentence_interrupts_it(tmp_path):
     # Speech Silero hears through the bot's path (Opus, 24 kHz, SileroBank, VadConfig), measured once:
@@ -246,6 +247,7 @@ def deaf_room(tmp_path):
 DEE_TALKS = "I am talking and nobody answers me at all"
 
 
+@real_time("room_a")
 @pytest.mark.asyncio
 async def test_a_member_who_cannot_be_decrypted_never_speaks_a_turn_and_is_named_once(tmp_path):
     async with deaf_room(tmp_path) as r:
@@ -271,6 +273,7 @@ async def test_a_member_who_cannot_be_decrypted_never_speaks_a_turn_and_is_named
     assert r.fake.state.pinged == []
 
 
+@real_time("room_b")
 @pytest.mark.asyncio
 async def test_a_member_who_cannot_be_decrypted_talking_alone_is_named_and_the_call_goes_on(tmp_path):
     async with deaf_room(tmp_path) as r:

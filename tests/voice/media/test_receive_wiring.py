@@ -63,8 +63,10 @@ async def test_loopback_udp_through_discord_socket_reader_to_the_event_loop():
         await asyncio.wait_for(done.wait(), 10)
     finally:
         reader.stop()
+        out.sendto(b"\x00", state.socket.getsockname())  # wakes the reader's select (30 s) to see it must stop
         out.close()
         reader.join(5)
+        assert not reader.is_alive()
         state.socket.close()
     assert {u for u, _ in got} == {ALICE}
     assert all(name.startswith("voice-socket-reader") for name in threads)
