@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from common.store import Store
+from common.tasks import BackgroundTasks
 from runs import wording
 from runs.capture import Scrubber, cap_text
 from runs.config import RunsConfig
@@ -144,7 +145,7 @@ class RunService:
         self._sleep = sleep
         self._watch = watch
         self._announcers: list[Announcer] = []
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = BackgroundTasks(log, "runs task")
         self._approval_timers: dict[int, asyncio.Task] = {}
         self._changed = asyncio.Condition()
         self._run_secrets: dict[int, tuple[str, ...]] = {}  # runs with secrets of their own, until they settle
@@ -196,7 +197,7 @@ class RunService:
     @property
     def busy(self) -> bool:
         """True while this instance is still watching, asking about or delivering a run."""
-        return any(not task.done() for task in self._tasks)
+        return self._tasks.busy
 
     def attach(self, announcer: Announcer) -> Callable[[], None]:
         """Register a live call; finished runs and questions are spoken to every registered call.
@@ -644,15 +645,7 @@ class RunService:
     # -- tasks -------------------------------------------------------------------------------------
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
-        task = asyncio.create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("runs task %s failed", task.get_name(), exc_info=task.exception())
+        return self._tasks.spawn(coro, name)
 
     async def _notify(self) -> None:
         async with self._changed:

@@ -31,6 +31,7 @@ from bot.discord.posts import PostError, send
 from bot.discord.untrusted import escape_caller_text
 from bot.tools import call_tools
 from bot.tools.phone import known_facts
+from common.tasks import BackgroundTasks
 from listener.archive import Archive
 from runs import RunService
 from voice.call.attribution import CallInfo
@@ -136,7 +137,7 @@ class CallManager:
         self._identity = identity
         self._records = records  # late-bound: the store arrives with the services
         self._on_ended = on_ended
-        self._tasks: set[asyncio.Task] = set()  # announcements and wrap-ups on their way
+        self._tasks = BackgroundTasks(log)  # announcements and wrap-ups on their way
         self._resumable: dict[int, list[CallRecord]] = {}  # by guild: the previous process's calls
         self._calls: dict[int, GuildCall] = {}
         self._locks: dict[int, asyncio.Lock] = {}
@@ -353,15 +354,7 @@ class CallManager:
             return None
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
-
-    def _task_done(self, task: asyncio.Task) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("%s failed", task.get_name(), exc_info=task.exception())
+        return self._tasks.spawn(coro, name)
 
     async def _record_turn(self, call: GuildCall, role: str, speaker: int | None, name: str, text: str,
                            at: float) -> None:

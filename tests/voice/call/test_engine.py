@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from tests.support.engine_call import no_wait, running
 from tests.support.fake_realtime import (
     AudioReply,
     DropReply,
@@ -32,20 +33,6 @@ from voice.call.vad import EnergyDetector
 KEY = "sk-test-NEVER-PRINT-THIS-0123456789"
 
 
-async def no_wait(_seconds: float) -> None:
-    await asyncio.sleep(0)
-
-
-class Call:
-    def __init__(self, fake: FakeRealtime, transport: VirtualTransport, engine: CallEngine) -> None:
-        self.fake, self.transport, self.engine = fake, transport, engine
-        self.transcripts: list[tuple[str, str]] = []
-
-    def say(self, speech_ms: int = 400, silence_ms: int = 700, hz: float = 300.0) -> None:
-        self.transport.push(tone_pcm16(speech_ms, hz) + silence_pcm16(silence_ms))
-
-    def received(self, kind: str) -> list[dict]:
-        return [e for e in self.fake.received if e.get("type") == kind]
 
 
 @asynccontextmanager
@@ -60,14 +47,8 @@ async def live_call(fake: FakeRealtime, *, tools: tuple[Tool, ...] = (), endpoin
     engine = CallEngine(provider, transport, catalogue, identity, options=CallOptions(endpointing=endpointing, answer_wait_s=answer_wait_s),
                         sleep=no_wait, backoff=backoff,
                         detector=EnergyDetector() if endpointing == "local" else None)  # say() is a tone, not speech
-    call = Call(fake, transport, engine)
-    engine._on_transcript = lambda line: call.transcripts.append((line.role, line.text))
-    task = asyncio.create_task(engine.run())
-    try:
+    async with running(fake, transport, engine) as call:
         yield call
-    finally:
-        engine.stop()
-        await asyncio.wait_for(task, 5)
 
 
 def slow_tool(name: str, started: asyncio.Event, release: asyncio.Event, **kw) -> Tool:

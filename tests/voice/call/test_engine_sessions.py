@@ -11,7 +11,8 @@ from contextlib import asynccontextmanager
 from websockets.asyncio.client import connect
 
 from tests.support.clock import VirtualClock
-from tests.support.fake_realtime import AudioReply, FakeRealtime, silence_pcm16, tone_pcm16
+from tests.support.engine_call import no_wait, running
+from tests.support.fake_realtime import AudioReply, FakeRealtime, silence_pcm16
 from tests.support.virtual_transport import VirtualTransport
 from voice.call.core import CallOptions, HistoryTurn
 from voice.call.engine import CallEngine
@@ -26,28 +27,6 @@ ALICE = 111111111111111111
 ROLLOVER_S = 3300.0
 
 
-async def no_wait(_seconds: float) -> None:
-    await asyncio.sleep(0)
-
-
-class Call:
-    def __init__(self, fake: FakeRealtime, transport: VirtualTransport, engine: CallEngine, clock: VirtualClock):
-        self.fake, self.transport, self.engine, self.clock = fake, transport, engine, clock
-        self.transcripts: list[tuple[str, str]] = []
-
-    def say(self) -> None:
-        """Alice says something (a tone: the energy detector hears it) and stops."""
-        self.transport.push(tone_pcm16(400, 300.0) + silence_pcm16(700))
-
-    async def answered(self, text: str) -> None:
-        """Until `text` was said and played out, and the call is quiet again."""
-        await self.fake.wait_for(lambda: ("assistant", text) in self.transcripts and self.engine.core.idle()
-                                 and not self.transport.is_playing(), timeout=10)
-
-    def spoken(self) -> list[dict]:
-        """Announcements the call asked for (responses without tools)."""
-        return [e for e in self.fake.received if e.get("type") == "response.create"
-                and e.get("response", {}).get("tool_choice") == "none"]
 
 
 @asynccontextmanager
@@ -60,14 +39,8 @@ async def live_call(fake: FakeRealtime, *, connector=None, history=(), rollover_
     engine = CallEngine(provider, transport, ToolCatalogue(), Identity("You are a test assistant."),
                         options=CallOptions(endpointing="local", rollover_s=rollover_s), clock=clock, sleep=no_wait,
                         backoff=(0.0, 0.0, 0.0), detector=EnergyDetector(), history=history, **extra)
-    call = Call(fake, transport, engine, clock)
-    engine._on_transcript = lambda line: call.transcripts.append((line.role, line.text))
-    task = asyncio.create_task(engine.run())
-    try:
+    async with running(fake, transport, engine, clock) as call:
         yield call
-    finally:
-        engine.stop()
-        await asyncio.wait_for(task, 5)
 
 
 def text_items(events: list[dict]) -> list[tuple[str, str]]:
