@@ -106,7 +106,33 @@ def _discord(settings) -> list[Check]:
                                                   "said in the call but not posted"))
     else:
         rows.append(_last_post(settings))
+    if (calls := _calls_to_resume(settings)) is not None:
+        rows.append(calls)
     return rows
+
+
+def _calls_to_resume(settings) -> Check | None:
+    """Voice calls the next `switchboard run` rejoins (read-only); None when there are none."""
+    import sqlite3
+
+    from voice.call.records import unfinished_calls
+
+    path = settings.home.expanduser() / DB_FILENAME
+    if not path.exists():
+        return None
+    try:
+        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            counts = unfinished_calls(db)
+    except sqlite3.Error:
+        return None
+    if not counts:
+        return None
+    total = sum(counts.values())
+    how = ", ".join(f"{n} {what}" for what, n in (("left by a crash", counts.get("live", 0)),
+                                                    ("stopped for a restart", counts.get("resume", 0))) if n)
+    return Check("calls", "ok", f"{total} voice call{'s' * (total != 1)} not ended ({how}): a running "
+                                "`switchboard run` is in them; otherwise the next one rejoins each whose channel "
+                                "still has someone in it")
 
 
 def _listener(settings) -> Check:

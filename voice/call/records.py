@@ -18,6 +18,7 @@ so a recap after a restart still counts what came before it.
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -176,6 +177,17 @@ class CallRecords:
         rows = await self.store.fetchall("SELECT user_id, spoken_ms FROM voice_call_speakers WHERE call_id = ?",
                                          (call_id,))
         return {r["user_id"]: r["spoken_ms"] for r in rows}
+
+
+def unfinished_calls(conn: sqlite3.Connection) -> dict[str, int]:
+    """How many calls are `live` and `resume` (to be rejoined at the next start); a plain read through a
+    synchronous connection (`switchboard doctor` opens one read-only). Empty before the tables exist."""
+    try:
+        rows = conn.execute("SELECT state, COUNT(*) FROM voice_calls WHERE state IN ('live', 'resume') "
+                            "GROUP BY state").fetchall()
+    except sqlite3.OperationalError:  # no such table: no call was ever recorded
+        return {}
+    return {state: count for state, count in rows}
 
 
 def _record(row, turns: tuple[CallTurn, ...], spoken_ms: dict[int, int]) -> CallRecord:

@@ -87,6 +87,26 @@ async def test_doctor_shows_the_last_failed_run_post_from_the_store(tmp_path):
     assert rows["runs channel"].status == "warn" and "may not post there" in rows["runs channel"].detail
 
 
+async def test_doctor_counts_the_calls_the_next_start_would_rejoin(tmp_path):
+    from common.store import open_store
+    from voice.call.records import MIGRATIONS, CallRecords
+
+    token = "MTU3NzExMTk5MTA5NTM5NDMwNA.GxYz12.abc"
+    variables = {"DISCORD_BOT_TOKEN": token, "SWITCHBOARD_HOME": str(tmp_path)}
+    assert "calls" not in discord_rows(variables)  # no store yet
+    store = await open_store(tmp_path, MIGRATIONS)
+    records = CallRecords(store)
+    assert "calls" not in discord_rows(variables)  # no call yet
+    ids = [await records.start(guild_id=1, voice_channel_id=2, text_channel_id=None, started_by=None,
+                               mode="everyone", captions=False, at=1.0) for _ in range(4)]
+    await records.mark_resume(ids[1])
+    await records.end(ids[2], "/talk leave", 2.0)
+    await store.close()
+    calls = discord_rows(variables)["calls"]
+    assert calls.status == "ok" and calls.detail.startswith("3 voice calls not ended (2 left by a crash, "
+                                                            "1 stopped for a restart)")
+
+
 def test_the_listener_row_says_off_bad_or_ok_and_never_shows_the_key():
     def row(variables):
         report = check_settings(variables)
