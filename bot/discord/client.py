@@ -121,8 +121,11 @@ class SwitchboardBot(discord.Client):
             commands = await self.tree.sync()
             self.synced.append(f"global: {len(commands)} commands")
         log.info("slash commands synced (%s)", "; ".join(self.synced))
-        if resumable := await self.calls.load_resumable():
-            log.info("%d call(s) of the previous run to rejoin once Discord is ready", resumable)
+        try:
+            if resumable := await self.calls.load_resumable():
+                log.info("%d call(s) of the previous run to rejoin once Discord is ready", resumable)
+        except Exception as exc:  # the bot still starts; those calls stay in the store for the next start
+            log.error("could not read the calls of the previous run (none is rejoined): %s", exc)
         if self.ready_future is not None and not self.ready_future.done():
             self.ready_future.set_result(self)  # logged in and synced; the gateway opens next
 
