@@ -49,6 +49,8 @@ _READS = {
     "after each call": ("TRANSCRIPT_LISTENER_API_KEY", "SWITCHBOARD_TEXT_MODEL", "SWITCHBOARD_TEXT_URL",
                         "SWITCHBOARD_TEXT_API_KEY", "SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY",
                         "SWITCHBOARD_TRANSCRIPTS_CHANNEL_ID", "SWITCHBOARD_AUTO_REVIEW", "SWITCHBOARD_HOME"),
+    "recaps": ("SWITCHBOARD_TEXT_MODEL", "SWITCHBOARD_TEXT_URL", "SWITCHBOARD_TEXT_API_KEY", "SWITCHBOARD_OPENAI_API_KEY",
+               "OPENAI_API_KEY"),
     "agent lanes": ("SWITCHBOARD_AGENT_LANES", "SWITCHBOARD_HERMES_API_URL", "SWITCHBOARD_HERMES_API_KEY",
                     "API_SERVER_KEY", "SWITCHBOARD_AGENT_COMMAND", "SWITCHBOARD_AGENT_PROFILE",
                     "SWITCHBOARD_AGENT_TIMEOUT_S"),
@@ -73,6 +75,8 @@ def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
     checks += _unless_failed(report, "store", lambda: [_home(settings)])
     checks += _unless_failed(report, "latency log", lambda: [_latency_log(settings)])
     checks += _unless_failed(report, "discord", lambda: _discord(settings))
+    if settings.discord_token is not None:
+        checks += _unless_failed(report, "recaps", lambda: [_recaps(settings)])
     checks += _unless_failed(report, "listener", lambda: [_listener(settings)])
     if settings.listener_key is not None or "TRANSCRIPT_LISTENER_API_KEY" in report.failed:
         checks += _unless_failed(report, "after each call", lambda: _post_call(settings))
@@ -109,6 +113,23 @@ def _discord(settings) -> list[Check]:
     if (calls := _calls_to_resume(settings)) is not None:
         rows.append(calls)
     return rows
+
+
+def _recaps(settings) -> Check:
+    """What a call's recap can hold: the summary and the debrief need the text model."""
+    from bot.settings import text_model_key
+    from common.text_model import TextModel, TextModelError
+
+    key, source = text_model_key(settings)
+    if not key:
+        return Check("recaps", "warn", f"posted without a summary, and calls are not debriefed into memory: set "
+                                       f"{source} for the text model")
+    try:
+        TextModel(settings.text_url, key, settings.text_model)  # checks the URL; makes no request
+    except TextModelError as exc:
+        return Check("recaps", "bad", f"{exc}: fix SWITCHBOARD_TEXT_URL")
+    return Check("recaps", "ok", f"summaries and debriefs by {settings.text_model} at {settings.text_url} (key from "
+                                 f"{source}, not shown)")
 
 
 def _calls_to_resume(settings) -> Check | None:

@@ -118,3 +118,19 @@ def test_the_listener_row_says_off_bad_or_ok_and_never_shows_the_key():
     assert leaky.status == "bad" and "sn-secret" not in leaky.detail and "wss://" in leaky.detail
     fine = row({"TRANSCRIPT_LISTENER_API_KEY": "sn-secret", "SWITCHBOARD_ACTIVATION_NAMES": "Aries"})
     assert fine.status == "ok" and "sn-secret" not in fine.detail and "Aries" in fine.detail
+
+
+def test_the_recaps_row_says_whether_a_call_gets_its_summary_and_debrief_and_never_shows_the_key():
+    def recaps(variables: dict[str, str]) -> doctor.Check | None:
+        return next((c for c in doctor.run_checks(check_settings(variables)) if c.name == "recaps"), None)
+
+    token = "MTU3NzExMTk5MTA5NTM5NDMwNA.GxYz12.abc"
+    without = recaps({"DISCORD_BOT_TOKEN": token})
+    assert without.status == "warn" and "without a summary" in without.detail
+    key = "sk-text-NEVER-SHOWN-0123456789"
+    shown = recaps({"DISCORD_BOT_TOKEN": token, "SWITCHBOARD_TEXT_API_KEY": key})
+    assert shown.status == "ok" and key not in shown.detail and "SWITCHBOARD_TEXT_API_KEY" in shown.detail
+    bad = recaps({"DISCORD_BOT_TOKEN": token, "SWITCHBOARD_TEXT_API_KEY": key,
+                  "SWITCHBOARD_TEXT_URL": "http://example.com/v1"})
+    assert bad.status == "bad" and "SWITCHBOARD_TEXT_URL" in bad.detail
+    assert recaps({}) is None  # no Discord bot, no recaps
