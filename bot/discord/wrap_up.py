@@ -65,11 +65,15 @@ class CallWrapUp:
             return
         if record is None:
             return
-        await self.post_recap(record, call)
+        thread = call.captions.thread if call is not None and call.captions is not None else None
+        await self.post_recap(record, names=_names(call), thread_id=thread.id if thread is not None else None)
         if not self._hurry.is_set():  # a debrief cut short learns nothing; the next start does not redo it
             await self.debrief(record)
 
-    async def post_recap(self, record: CallRecord, call: GuildCall | None) -> None:
+    async def post_recap(self, record: CallRecord, *, names: dict[int, str] | None = None,
+                         thread_id: int | None = None) -> None:
+        """Post the call's recap where `/talk join` was used and in its captions thread (`thread_id`);
+        `names`: display names as the channel shows them now (else the names its turns carried)."""
         try:
             runs = await self._runs().tickets_of(f"call-{record.id}")
         except Exception as exc:
@@ -77,14 +81,10 @@ class CallWrapUp:
             runs = []
         summary, note = await self._summary(record)
         recap = recap_of(record, spoken_ms=record.spoken_ms,
-                         names=_names(call), runs=runs, usage=record.usage if record.usage.reported else None,
+                         names=names, runs=runs, usage=record.usage if record.usage.reported else None,
                          summary=summary, summary_note=note, ended_at=record.ended_at or time.time())
         embed = recap_embed(recap)
-        channels = [record.text_channel_id]
-        thread = call.captions.thread if call is not None and call.captions is not None else None
-        if thread is not None:
-            channels.append(thread.id)
-        for channel_id in channels:
+        for channel_id in [record.text_channel_id] + ([thread_id] if thread_id is not None else []):
             if channel_id is None:
                 log.info("call-%s: recap not posted: /talk join was not used in a text channel", record.id)
                 continue

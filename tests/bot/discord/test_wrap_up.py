@@ -64,10 +64,13 @@ async def test_without_an_answering_model_the_recap_is_posted_without_a_summary(
         async with service(tmp_path, SWITCHBOARD_TEXT_URL=text.url, SWITCHBOARD_TEXT_API_KEY="tk",
                            SWITCHBOARD_TEXT_MODEL="gpt-test") as svc:
             call_id = await ended_call(svc.bot, svc.fake.text_channel.id, svc.operator.id)
-            await asyncio.wait_for(svc.bot.wrap_up.post_recap(await svc.bot.services.calls.get(call_id), None),
-                                   SAFETY_S)
-    (recap,) = recaps(svc.fake)
-    assert "Summary unavailable (the text model could not be reached)" in recap["description"]
+            captions = svc.fake.state.new_thread(svc.fake.text_channel, "Captions", 11, 60)
+            await asyncio.wait_for(svc.bot.wrap_up.post_recap(await svc.bot.services.calls.get(call_id),
+                                                              thread_id=captions.id), SAFETY_S)
+    in_channel, in_thread = recaps(svc.fake)  # where /talk join was used, and the call's captions thread
+    assert in_channel == in_thread and [m["channel_id"] for m in svc.fake.state.messages] == \
+        [str(svc.fake.text_channel.id), str(captions.id)]
+    assert "Summary unavailable (the text model could not be reached)" in in_channel["description"]
 
 
 @pytest.mark.asyncio
