@@ -587,6 +587,10 @@ _FACT_COLUMNS = ("f.id, f.fact, f.quote, f.assertion_turn, f.speaker, f.confirma
                  "f.created_at, f.guild_id, f.call_id, t.conversation_id, t.received_at")
 
 
+# A Discord call's facts stay in its server: phone-call facts (the user's own) everywhere, a guild's only there.
+_IN_SCOPE = "(f.guild_id IS NULL OR f.guild_id = ?)"
+
+
 class FactRepository:
     """Durable facts (`listener_facts`, indexed in `listener_facts_fts` by triggers), each from an
     archived phone call (`transcript_id`) or a Discord call (`guild_id`, `call_id`), and the Discord
@@ -638,17 +642,19 @@ class FactRepository:
     async def debriefed(self, call_id: int) -> bool:
         return await self.db.fetchone("SELECT 1 FROM listener_debriefs WHERE call_id = ?", (call_id,)) is not None
 
-    async def newest(self, limit: int) -> list[Any]:
+    async def newest(self, limit: int, *, guild_id: int | None = None) -> list[Any]:
+        """The newest facts of phone calls and of `guild_id`'s Discord calls (None: phone calls only)."""
         return await self.db.fetchall(
             f"SELECT {_FACT_COLUMNS} FROM listener_facts f LEFT JOIN transcripts t ON t.id = f.transcript_id "
-            "ORDER BY f.created_at DESC, f.id DESC LIMIT ?", (limit,))
+            f"WHERE {_IN_SCOPE} ORDER BY f.created_at DESC, f.id DESC LIMIT ?", (guild_id, limit))
 
-    async def search(self, match: str, *, limit: int, offset: int) -> list[Any]:
-        """Facts matching the FTS5 query `match`, best first, `limit` rows from `offset`."""
+    async def search(self, match: str, *, limit: int, offset: int, guild_id: int | None = None) -> list[Any]:
+        """Facts matching the FTS5 query `match`, best first, `limit` rows from `offset`; of phone calls
+        and of `guild_id`'s Discord calls (None: phone calls only)."""
         return await self.db.fetchall(
             f"SELECT {_FACT_COLUMNS} FROM listener_facts_fts JOIN listener_facts f ON f.id = listener_facts_fts.rowid "
-            "LEFT JOIN transcripts t ON t.id = f.transcript_id WHERE listener_facts_fts MATCH ? "
-            "ORDER BY bm25(listener_facts_fts), f.id LIMIT ? OFFSET ?", (match, limit, offset))
+            f"LEFT JOIN transcripts t ON t.id = f.transcript_id WHERE listener_facts_fts MATCH ? AND {_IN_SCOPE} "
+            "ORDER BY bm25(listener_facts_fts), f.id LIMIT ? OFFSET ?", (match, guild_id, limit, offset))
 
     async def of_call(self, transcript_id: int) -> list[Any]:
         """The phone call's facts in the order learned: fact, assertion_turn, confirmation_turn."""

@@ -194,7 +194,7 @@ class CallManager:
             # the call's id outlives the process with its row: runs it started are found by it in the recap
             call_id = f"call-{record_id}" if record_id is not None else f"g{guild.id}-{int(started_at)}"
             info = CallInfo(call_id, guild.id, channel.id)
-            memory = await known_facts(Archive(runs.store))  # what the user's phone calls taught
+            memory = await known_facts(Archive(runs.store), guild.id)  # phone calls' and this server's calls' facts
             history = [HistoryTurn(t.role, t.text, t.speaker_id, t.name if t.role == "user" else None)
                        for t in resume.turns] if resume is not None else []
             engine = CallEngine(provider, transport, catalogue, self._identity(memory), options=options, call=info,

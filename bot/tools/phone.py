@@ -27,9 +27,10 @@ class KnownFacts:
         return self._facts
 
 
-async def known_facts(archive: Archive) -> KnownFacts:
-    """The newest durable facts, for the memory section of a call's instructions."""
-    return KnownFacts([f["fact"] for f in await Memory(archive.db).facts()])
+async def known_facts(archive: Archive, guild_id: int | None = None) -> KnownFacts:
+    """The newest durable facts, for the memory section of a call's instructions: the phone calls' and,
+    in a Discord server, that server's calls' (never another server's)."""
+    return KnownFacts([f["fact"] for f in await Memory(archive.db).facts(guild_id=guild_id)])
 
 
 def transcript_tools(archive: Archive) -> list[Tool]:
@@ -49,7 +50,8 @@ def transcript_tools(archive: Archive) -> list[Tool]:
         args = call.arguments
         try:
             return await Memory(archive.db).search(str(args.get("query") or ""), limit=5,
-                                                   offset=max(0, int(args.get("offset") or 0)))
+                                                   offset=max(0, int(args.get("offset") or 0)),
+                                                   guild_id=call.call.guild_id)  # this server's calls only
         except (ArchiveError, ValueError, TypeError) as exc:
             return {"error": str(exc)}
 

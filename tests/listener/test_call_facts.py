@@ -156,12 +156,16 @@ async def test_call_facts_are_stored_with_guild_call_and_turn_and_join_the_memor
         checked = validate({"facts": [item for _, item in ACCEPTED]}, CALL, OPERATORS)
         assert await memory.save_call(900, 7, checked.accepted, rejected=2) == 3
         assert await memory.debriefed(7) and not await memory.debriefed(8)
-        confirmed = (await memory.search("staging database"))["facts"]
+        confirmed = (await memory.search("staging database", guild_id=900))["facts"]
         assert confirmed == [{
             "id": 2, "fact": "The staging database lives on host db7.internal.",
             "quote": "staging database lives on host db7.internal", "turn": 2, "speaker": GUS, "confirmed_in_turn": 3,
             "confirmed_by": OLIVE, "source": "discord call", "guild_id": 900, "call_id": 7, "learned_at": 5.0}]
-        assert [f["fact"] for f in await memory.facts()] == [item["fact"] for _, item in reversed(ACCEPTED)]
+        assert [f["fact"] for f in await memory.facts(guild_id=900)] == [item["fact"] for _, item in reversed(ACCEPTED)]
+        # a server's calls stay in that server: not known or found elsewhere, nor outside Discord
+        assert await memory.facts(guild_id=901) == [] and await memory.facts() == []
+        assert (await memory.search("staging database", guild_id=901))["facts"] == []
+        assert (await memory.search("staging database"))["facts"] == []
         # a second debrief of the call, however the model words it this time, adds nothing
         again = validate({"facts": [proposal("Launch review: Thursday the 14th.", 1, "launch review moves to "
                                              "Thursday the 14th")]}, CALL, OPERATORS)
@@ -169,8 +173,8 @@ async def test_call_facts_are_stored_with_guild_call_and_turn_and_join_the_memor
         assert len(await memory.facts_of_call(7)) == 3
         # the same fact from another call is that call's own
         assert await memory.save_call(901, 8, checked.accepted[:1]) == 1
-        assert [(f["guild_id"], f["call_id"]) for f in (await memory.search("launch review"))["facts"]] == [
-            (900, 7), (901, 8)]
+        assert [(f["guild_id"], f["call_id"]) for f in (await memory.search("launch review", guild_id=901))["facts"]] \
+            == [(901, 8)]
     finally:
         await store.close()
 
@@ -188,7 +192,8 @@ async def test_the_migration_keeps_phone_facts_their_ids_and_their_index(tmp_pat
                        "speaker": "FROM", "confirmed_in_turn": None, "source": "phone call",
                        "conversation_id": "call_1", "learned_at": 3.0}
         assert await memory.save_call(900, 7, validate({"facts": [ACCEPTED[0][1]]}, CALL, OPERATORS).accepted) == 1
-        assert [f["id"] for f in await memory.facts()] == [42, 41]  # ids go on from the kept ones
+        assert [f["id"] for f in await memory.facts(guild_id=900)] == [42, 41]  # ids go on from the kept ones
+        assert [f["id"] for f in await memory.facts(guild_id=901)] == [41]  # a phone call's fact is known everywhere
         # a fact belongs to a phone call or a Discord call, never both, never neither
         for columns, values in (("transcript_id, guild_id, call_id", "1, 900, 9"), ("guild_id", "900"),
                                 ("call_id", "9"), ("transcript_id, call_id", "1, 9")):
@@ -198,6 +203,6 @@ async def test_the_migration_keeps_phone_facts_their_ids_and_their_index(tmp_pat
         # deleting the phone call still takes its facts, and their index entries, with it
         await store.execute("DELETE FROM transcripts WHERE id = 1")
         assert (await memory.search("penicillin"))["facts"] == []
-        assert [f["source"] for f in await memory.facts()] == ["discord call"]
+        assert [f["source"] for f in await memory.facts(guild_id=900)] == ["discord call"]
     finally:
         await store.close()

@@ -21,6 +21,7 @@ from common.text_model import TextModel
 from listener.archive import Archive
 from listener.memory import CALL_SYSTEM_PROMPT, Memory
 from tests.support.fake_text_model import FakeTextModel
+from voice.call.attribution import CallInfo
 from voice.call.records import CallRecord, CallRecords
 from voice.call.tools import ToolCall
 
@@ -72,7 +73,7 @@ class Rig:
         return await debrief_call(record, operators=OPERATORS, model=self.model, store=self.store)
 
     async def facts(self) -> list[str]:
-        return [f["fact"] for f in await Memory(self.store).facts()]
+        return [f["fact"] for f in await Memory(self.store).facts(guild_id=GUILD)]
 
 
 @pytest.fixture
@@ -98,10 +99,15 @@ async def test_an_operators_statement_is_kept_with_its_provenance_and_the_next_c
     assert (result.accepted, result.added, result.rejected, result.error, result.skipped) == (1, 1, 0, None, None)
     assert result.summary == f"call {record.id}: 1 fact learned, 0 rejected"
     # the next call starts knowing it
-    assert "The launch review moves to Thursday the 14th." in (await known_facts(Archive(rig.store))).facts()
-    # and memory_search finds it, saying where it came from
+    assert "The launch review moves to Thursday the 14th." in (await known_facts(Archive(rig.store), GUILD)).facts()
+    assert (await known_facts(Archive(rig.store), GUILD + 1)).facts() == []  # another server's calls do not
+    # and memory_search in a call in that server finds it, saying where it came from
     tool = next(t for t in transcript_tools(Archive(rig.store)) if t.name == "memory_search")
-    found = await tool.handler(ToolCall("c1", "memory_search", {"query": "launch review"}, "{}"))
+    elsewhere = await tool.handler(ToolCall("c0", "memory_search", {"query": "launch review"}, "{}",
+                                            call=CallInfo("call-9", GUILD + 1, 1)))
+    assert elsewhere["facts"] == []
+    found = await tool.handler(ToolCall("c1", "memory_search", {"query": "launch review"}, "{}",
+                                        call=CallInfo(f"call-{record.id}", GUILD, 77)))
     (hit,) = found["facts"]
     assert hit["source"] == "discord call" and (hit["guild_id"], hit["call_id"], hit["turn"]) == (GUILD, record.id, 1)
     assert hit["speaker"] == str(OLIVE) and hit["confirmed_in_turn"] is None
