@@ -10,7 +10,9 @@ a join right after a leave waits for discord.py to let go of the old voice clien
 
 Each call is a row in the store (`voice.call.records`): recorded at join, every transcript line appended
 as a turn in a task of its own (a failing store is logged once per call and never holds up the call),
-`ended` at leave — or `resume` when the process is shutting down (`leave_all(resume=True)`).
+`ended` at leave — or `resume` when the process is shutting down (`leave_all(resume=True)`). At the next
+start `join(…, resume=row)` continues such a row (`bot.discord.resume`); a call that ends for good gets its
+wrap-up (`on_ended`: the recap and debrief, `bot.discord.wrap_up`).
 """
 
 from __future__ import annotations
@@ -104,14 +106,6 @@ class GuildCall:
         return totals
 
 
-@dataclass(frozen=True)
-class ResumeReport:
-    """What resuming did at start: the rows rejoined, and those ended with why."""
-
-    rejoined: tuple[int, ...] = ()
-    ended: tuple[tuple[int, str], ...] = ()
-
-
 # Called once a call has ended for good (not when it is kept to resume): its row id and, when this process
 # held it, the call itself (speaking times, usage). The recap and the debrief hang here.
 CallEnded = Callable[[int, "GuildCall | None"], Awaitable[None]]
@@ -138,7 +132,6 @@ class CallManager:
         self._records = records  # late-bound: the store arrives with the services
         self._on_ended = on_ended
         self._tasks = BackgroundTasks(log)  # announcements and wrap-ups on their way
-        self._resumable: dict[int, list[CallRecord]] = {}  # by guild: the previous process's calls
         self._calls: dict[int, GuildCall] = {}
         self._locks: dict[int, asyncio.Lock] = {}
 
@@ -228,68 +221,6 @@ class CallManager:
             return (f"Talking in <#{channel.id}> with {provider.name} {provider.model}, voice {provider.voice}. "
                     f"Everyone can talk; only operators can start or stop work. {mode}")
 
-    async def load_resumable(self) -> int:
-        """Before the gateway opens: the calls the previous process was in when it stopped (crashed or was
-        told to stop), to rejoin as their servers become available. How many."""
-        records = self._records_or_none()
-        if records is None:
-            return 0
-        self._resumable = {}
-        for record in await records.live():
-            self._resumable.setdefault(record.guild_id, []).append(record)
-        return sum(len(rows) for rows in self._resumable.values())
-
-    async def resume_guild(self, guild: discord.Guild) -> ResumeReport:
-        """Rejoin the previous process's call in `guild` if its channel still has a human in it; end the
-        others (each keeps its row, and an ended one gets its recap)."""
-        rejoined: list[int] = []
-        ended: list[tuple[int, str]] = []
-        for record in self._resumable.pop(guild.id, []):
-            channel = guild.get_channel(record.voice_channel_id)
-            why = None
-            if not isinstance(channel, discord.VoiceChannel | discord.StageChannel):
-                why = "its voice channel is gone"
-            elif self._humans(guild, channel.id) == 0:
-                why = "nobody was in the channel when Switchboard restarted"
-            elif guild.id in self._calls:
-                why = "a new call had started in that server"
-            if why is None:
-                assert channel is not None
-                try:
-                    await self.join(guild, channel, resume=record)
-                    rejoined.append(record.id)
-                    continue
-                except Exception as exc:  # that call cannot come back; the others still can
-                    log.warning("call-%s: could not rejoin channel %s: %s", record.id, record.voice_channel_id, exc)
-                    why = f"rejoining failed after a restart ({type(exc).__name__})"
-            if await self._end_unresumed(record, why):
-                ended.append((record.id, why))
-        return ResumeReport(tuple(rejoined), tuple(ended))
-
-    async def end_unresumable(self) -> ResumeReport:
-        """Once every server that will come has come: end the calls of servers that did not."""
-        ended = []
-        for rows in self._resumable.values():
-            for record in rows:
-                why = "its server was not available after the restart"
-                if await self._end_unresumed(record, why):
-                    ended.append((record.id, why))
-        self._resumable = {}
-        return ResumeReport(ended=tuple(ended))
-
-    async def _end_unresumed(self, record: CallRecord, why: str) -> bool:
-        records = self._records_or_none()
-        assert records is not None
-        try:
-            await records.end(record.id, why, time.time())
-        except Exception as exc:
-            log.warning("call-%s: could not end its row: %s", record.id, exc)
-            return False
-        log.info("call-%s: not rejoined: %s", record.id, why)
-        if self._on_ended is not None:
-            self._spawn(self._on_ended(record.id, None), f"wrap-up-{record.id}")
-        return True
-
     async def set_captions(self, guild: discord.Guild, on: bool) -> str:
         """`/talk captions`: a thread of captions for this call, or none."""
         call = self._calls.get(guild.id)
@@ -331,6 +262,11 @@ class CallManager:
             task.add_done_callback(call.recording.discard)
         if call.captions is not None:
             call.captions.add(line.role, name or "someone", line.text)
+
+    def ended_elsewhere(self, record_id: int) -> None:
+        """A call this process never held has ended (its row says so): its wrap-up (recap, debrief)."""
+        if self._on_ended is not None:
+            self._spawn(self._on_ended(record_id, None), f"wrap-up-{record_id}")
 
     def _records_or_none(self) -> CallRecords | None:
         return self._records() if self._records is not None else None
@@ -522,7 +458,7 @@ class CallManager:
             call.transport.forget(member.id)
         self._watch_idle(member.guild, call)
 
-    def _humans(self, guild: discord.Guild, channel_id: int) -> int:
+    def humans(self, guild: discord.Guild, channel_id: int) -> int:
         channel = guild.get_channel(channel_id)
         states = getattr(channel, "voice_states", None) or {}
         me = self._client.user.id if self._client.user else None
@@ -535,7 +471,7 @@ class CallManager:
 
     def _watch_idle(self, guild: discord.Guild, call: GuildCall) -> None:
         """Leave once no human has been in the channel for SWITCHBOARD_IDLE_LEAVE_S."""
-        alone = self._humans(guild, call.channel_id) == 0
+        alone = self.humans(guild, call.channel_id) == 0
         if not alone:
             if call.idle_timer is not None:
                 call.idle_timer.cancel()
@@ -547,7 +483,7 @@ class CallManager:
 
     async def _idle_leave(self, guild: discord.Guild, call: GuildCall) -> None:
         await asyncio.sleep(self._idle_leave_s)
-        if self._calls.get(guild.id) is not call or self._humans(guild, call.channel_id) > 0:
+        if self._calls.get(guild.id) is not call or self.humans(guild, call.channel_id) > 0:
             return
         await self.leave(guild.id, reason=f"nobody in the channel for {self._idle_leave_s:g} s")
         await self._say(call.text_channel_id, f"Nobody was left in <#{call.channel_id}>, so I left. "

@@ -22,6 +22,7 @@ from bot.discord.commands.talk import TalkGroup
 from bot.discord.commands.transcripts import TranscriptsGroup
 from bot.discord.embeds import OK, WARN, info_embed
 from bot.discord.gate import OperatorGate
+from bot.discord.resume import CallResumer
 from bot.discord.runs_channel import ChannelSink
 from bot.discord.wrap_up import CallWrapUp
 from bot.settings import Settings, realtime_api_key, text_model_key
@@ -67,6 +68,7 @@ class SwitchboardBot(discord.Client):
                                  max_minutes=settings.call_max_minutes,
                                  room=room_options(settings), records=lambda: self._services().calls,
                                  on_ended=self.wrap_up)
+        self.resumer = CallResumer(self.calls, records=lambda: self._services().calls)
         self.tree.on_error = on_command_error  # type: ignore[method-assign]  # one handler: refusals, failures
         self.tree.add_command(TalkGroup(self))
         self.tree.add_command(RunsGroup(self))
@@ -122,7 +124,7 @@ class SwitchboardBot(discord.Client):
             self.synced.append(f"global: {len(commands)} commands")
         log.info("slash commands synced (%s)", "; ".join(self.synced))
         try:
-            if resumable := await self.calls.load_resumable():
+            if resumable := await self.resumer.load():
                 log.info("%d call(s) of the previous run to rejoin once Discord is ready", resumable)
         except Exception as exc:  # the bot still starts; those calls stay in the store for the next start
             log.error("could not read the calls of the previous run (none is rejoined): %s", exc)
@@ -155,7 +157,7 @@ class SwitchboardBot(discord.Client):
 
     async def _resume_guild(self, guild: discord.Guild) -> None:
         try:
-            report = await self.calls.resume_guild(guild)
+            report = await self.resumer.resume_guild(guild)
         except Exception:
             log.exception("guild %s: rejoining the previous run's call failed", guild.id)
             return
@@ -166,7 +168,7 @@ class SwitchboardBot(discord.Client):
     async def _finish_resuming(self) -> None:
         try:
             await asyncio.gather(*self._rejoining, return_exceptions=True)
-            report = await self.calls.end_unresumable()
+            report = await self.resumer.end_unresumable()
             if report.ended:
                 log.info("%d call(s) of the previous run ended: their servers were not available", len(report.ended))
         except Exception:
