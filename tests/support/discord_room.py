@@ -7,9 +7,11 @@ fake Discord (genuine DAVE) and the fake Realtime server, and members who speak 
         await speak_live(r.fake, r.members["ann"], opus_speech("hello"))  # paced like a real client
 
 Every member is added before the bot starts; `olive` is the operator (SWITCHBOARD_OPERATOR_USER_IDS)
-and `gus` a guest whose display name is also "Olive". The process is stopped with SIGTERM (the graceful
-path) and must exit 0 with no traceback and neither secret in its log; the fake Realtime must have seen
-only valid GA events.
+and `gus` a guest whose display name is also "Olive". A test may `kill()` the bot (SIGKILL, a crash),
+`terminate()` it (SIGTERM, a deploy) and `start()` it again on the same fakes and store. At the end the
+process is stopped with SIGTERM (the graceful path); every SIGTERM must exit 0, and no log may hold a
+traceback or either secret; the fake Realtime must have seen only valid GA events. No text model answers
+(`SWITCHBOARD_TEXT_URL` is a closed port) unless a test gives one: recaps go out without a summary.
 """
 
 from __future__ import annotations
