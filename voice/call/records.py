@@ -26,7 +26,7 @@ from common.store import Migration, Store
 from voice.call.usage import NO_USAGE, CallUsage
 
 PACKAGE = "voice"
-KEEP_TURNS = 50
+KEEP_TURNS = 500  # a long call (hours) whole for its recap and debrief; a new session gets only the last 20
 STATES = ("live", "ended", "resume")
 ROLES = ("user", "assistant")
 

@@ -65,7 +65,7 @@ async def test_only_the_newest_turns_are_kept_per_call(store: Store):
         await records.add_turn(busy, "user", 40, "Olive", f"line {n}", float(n))
     calls = {c.guild_id: c for c in await records.live()}
     kept = calls[1].turns
-    assert len(kept) == KEEP_TURNS == 50
+    assert len(kept) == KEEP_TURNS == 500
     assert [t.text for t in kept] == [f"line {n}" for n in range(7, KEEP_TURNS + 7)]  # oldest first
     assert kept[-1].seq == KEEP_TURNS + 7
     assert [t.text for t in calls[2].turns] == ["hello"]  # another call's turns are its own
