@@ -53,8 +53,8 @@ log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 20.0
 LEAVE_TIMEOUT_S = 8.0
 BACK_NOTICE = "I'm back: Switchboard restarted, and I remember what we were talking about."
-LIMIT_NOTICE_WAIT_S = 30.0
-WRAP_UP_WAIT_S = 3.0  # at shutdown, a call's recap still being written gets this long  # at the call limit, the goodbye waits this long for the floor, then the call ends anyway
+LIMIT_NOTICE_WAIT_S = 30.0  # at the call limit, the goodbye waits this long for the floor, then the call ends anyway
+WRAP_UP_WAIT_S = 3.0  # at shutdown, a call's recap still being written gets this long
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,6 @@ class GuildCall:
     record_id: int | None = None  # its row in voice_calls; None when the store would not take it
     recording: set[asyncio.Task] = field(default_factory=set)  # turns on their way to the store
     record_failed: bool = False  # said once per call
-    resumed: bool = False  # rejoined after the process restarted
     spoken_before: dict[int, int] = field(default_factory=dict)  # ms each person spoke before a restart
     usage_before: CallUsage = NO_USAGE  # what the provider reported before a restart
 
@@ -198,7 +197,7 @@ class CallManager:
             task = asyncio.create_task(engine.run(), name=f"call-{guild.id}")
             call = GuildCall(guild.id, channel.id, voice, transport, engine, task, detach, started_at=started_at,
                              requested_by=requested_by, text_channel_id=text_channel_id, rejoined=rejoined,
-                             record_id=record_id, resumed=resume is not None,
+                             record_id=record_id,
                              spoken_before=dict(resume.spoken_ms) if resume is not None else {},
                              usage_before=resume.usage if resume is not None else NO_USAGE)
             self._calls[guild.id] = call
@@ -265,8 +264,11 @@ class CallManager:
 
     def ended_elsewhere(self, record_id: int) -> None:
         """A call this process never held has ended (its row says so): its wrap-up (recap, debrief)."""
+        self._wrap_up(record_id, None)
+
+    def _wrap_up(self, record_id: int, call: GuildCall | None) -> None:
         if self._on_ended is not None:
-            self._spawn(self._on_ended(record_id, None), f"wrap-up-{record_id}")
+            self._spawn(self._on_ended(record_id, call), f"wrap-up-{record_id}")
 
     def _records_or_none(self) -> CallRecords | None:
         return self._records() if self._records is not None else None
@@ -384,8 +386,8 @@ class CallManager:
             await asyncio.wait_for(call.voice.disconnect(force=True), LEAVE_TIMEOUT_S)
         except TimeoutError:
             log.warning("guild %s: leaving voice took longer than %s s", guild_id, LEAVE_TIMEOUT_S)
-        if not resume and call.record_id is not None and self._on_ended is not None:
-            self._spawn(self._on_ended(call.record_id, call), f"wrap-up-{call.record_id}")
+        if not resume and call.record_id is not None:
+            self._wrap_up(call.record_id, call)
         minutes = (time.time() - call.started_at) / 60
         log.info("guild %s: left voice (%s) after %.1f min", guild_id, reason, minutes)
         return f"Left <#{call.channel_id}> after {minutes:.0f} min."

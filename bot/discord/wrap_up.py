@@ -36,6 +36,7 @@ from voice.call.summary import CallSummary, parse_summary, summary_request
 log = logging.getLogger(__name__)
 
 SUMMARY_TIMEOUT_S = 30.0
+NO_MODEL = "no text model is configured"
 
 
 class CallWrapUp:
@@ -43,14 +44,12 @@ class CallWrapUp:
     says so); `records`/`runs` are late-bound (the store arrives with the services)."""
 
     def __init__(self, client: discord.Client, *, records: Callable[[], CallRecords], runs: Callable[[], RunService],
-                 model: Callable[[], TextModel | None], operators: frozenset[int],
-                 unavailable: str = "no text model is configured") -> None:
+                 model: Callable[[], TextModel | None], operators: frozenset[int]) -> None:
         self._client = client
         self._records = records
         self._runs = runs
         self._model = model
         self._operators = operators
-        self._unavailable = unavailable
         self._hurry = asyncio.Event()
 
     def hurry(self) -> None:
@@ -99,7 +98,7 @@ class CallWrapUp:
             return None, "nobody said anything the recap could sum up"
         model = self._model()
         if model is None:
-            return None, self._unavailable
+            return None, NO_MODEL
         if self._hurry.is_set():
             return None, "Switchboard was shutting down"
         asking = asyncio.ensure_future(model.structured(request.messages, request.name, request.schema))

@@ -238,8 +238,7 @@ class CallCore:
         self._observe(now, None)
         self._set_state(CallState.OPEN)
         self._session_opened_at = now
-        return [Send(self.provider.session_update(self.session))] + [
-            Send(event) for event in restore_events(self.provider, self._history)]
+        return [Send(event) for event in self._session_events([])]  # no tool call can be pending yet
 
     def on_disconnect(self, now: float) -> list[Action]:
         """The socket dropped: whatever the server was doing is gone."""
@@ -282,16 +281,11 @@ class CallCore:
         self._set_state(CallState.OPEN)
         self._session_opened_at = now
         self.counters["reconnects"] += 1
-        actions: list[Action] = [Send(self.provider.session_update(self.session))]
-        actions += [Send(event) for event in restore_events(self.provider, self._history)]
-        for response in list(self._responses.values()):
-            calls = [self._calls[c] for c in response.calls]
-            if not calls or all(c.answered for c in calls):
-                continue
-            for call in calls:  # the new session has never seen these calls: recreate them
-                actions.append(Send(self.provider.add_function_call(call.call_id, call.name, call.arguments)))
+        unanswered = self._unanswered()
+        actions: list[Action] = [Send(event) for event in self._session_events(unanswered)]
+        for response, calls in unanswered:  # recreated in the new session, their outputs with them
+            for call in calls:
                 if call.output is not None:
-                    actions.append(Send(self.provider.function_output(call.call_id, call.output)))
                     call.output_sent = True
             response.done = True
             self._maybe_follow_up(response)
@@ -325,15 +319,27 @@ class CallCore:
         self._observe(now, playback)
         self._next_opened_at = now
         self._next_mark = self._history_added
-        events = [self.provider.session_update(self.session), *restore_events(self.provider, self._history)]
+        return [SendNext(event) for event in self._session_events(self._unanswered())]
+
+    def _unanswered(self) -> list[tuple[_Response, list[_Call]]]:
+        """Responses whose tool calls are not all answered yet, with those calls."""
+        pending = []
         for response in self._responses.values():
             calls = [self._calls[c] for c in response.calls]
-            if calls and not all(c.answered for c in calls):  # the new session must know what its tools returned
-                for call in calls:
-                    events.append(self.provider.add_function_call(call.call_id, call.name, call.arguments))
-                    if call.output is not None:
-                        events.append(self.provider.function_output(call.call_id, call.output))
-        return [SendNext(event) for event in events]
+            if calls and not all(c.answered for c in calls):
+                pending.append((response, calls))
+        return pending
+
+    def _session_events(self, unanswered: list[tuple[_Response, list[_Call]]]) -> list[dict]:
+        """What a fresh session is given, in order: its configuration, the recent turns, and the tool calls
+        not answered yet with the outputs they have (the new session has never seen them)."""
+        events = [self.provider.session_update(self.session), *restore_events(self.provider, self._history)]
+        for _response, calls in unanswered:
+            for call in calls:
+                events.append(self.provider.add_function_call(call.call_id, call.name, call.arguments))
+                if call.output is not None:
+                    events.append(self.provider.function_output(call.call_id, call.output))
+        return events
 
     def on_next_session_ready(self, now: float, playback: PlaybackPosition) -> list[Action]:
         """Everything `on_next_session_open` returned has been sent: swap at the next quiet moment (now, if it is)."""
