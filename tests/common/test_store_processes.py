@@ -25,6 +25,7 @@ from common.store import DB_FILENAME, open_store
 from listener.callbacks import Callbacks, MutationTokens
 from tests.support.fake_smartnumbers import FakeSmartnumbers
 from tests.support.paths import ROOT
+from tests.support.store import polled
 
 KEY = "sn-listener-key-processes"
 CALLS = 100  # each offered to both listeners: 200 deliveries, 200 jobs
@@ -71,10 +72,7 @@ def rows(home: Path, sql: str, params: tuple = ()) -> list[tuple]:
 
 async def until(predicate, what: str, timeout: float = 60.0) -> None:
     """Wait (polling the shared file: it is the only thing the processes share) until `predicate()`."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.1)
+    await polled(predicate, bool, what, timeout)
 
 
 async def test_two_listeners_and_a_callbacks_writer_share_one_store_and_lose_nothing(tmp_path):

@@ -35,6 +35,7 @@ from tests.support.fake_discord import FakeDiscord, SimUser
 from tests.support.fake_discord.speech import hear_bot
 from tests.support.fake_realtime import FakeRealtime
 from tests.support.speech import speech_frames
+from tests.support.store import polled
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 FAKE_AGENT = str(Path(__file__).parent / "fake_agent.py")
@@ -165,13 +166,7 @@ class Room:
     async def stored(self, read, predicate, timeout: float = WAIT_S):
         """`read()` (what the bot's process wrote to the store) once `predicate` holds of it: polled, as
         another process's writes cannot be waited on."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while not predicate(found := read()):
-            if loop.time() > deadline:
-                raise AssertionError(f"the store never showed what was expected: {found}")
-            await asyncio.sleep(0.05)
-        return found
+        return await polled(read, predicate, "the store to show what was expected", timeout)
 
     def outputs(self) -> list[dict]:
         return [json.loads(e["item"]["output"]) for e in self.realtime.received

@@ -1,10 +1,29 @@
-"""A damaged store for the tests that show nothing is ever deleted or repaired behind the user's back."""
+"""The store as another process leaves it: `polled` waits for what a process under test wrote, and
+`damage` makes a damaged store for the tests that show nothing is ever deleted or repaired behind the
+user's back."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from common.store import DB_FILENAME
+
+T = TypeVar("T")
+POLL_S = 0.05
+
+
+async def polled(read: Callable[[], T], predicate: Callable[[T], Any], what: str, timeout: float) -> T:
+    """`read()` once `predicate` holds of it, polled every POLL_S: another process's writes to the shared
+    file cannot be waited on. Fails the test, saying `what` and the last read, after `timeout` s."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate(found := read()):
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}: {found}")
+        await asyncio.sleep(POLL_S)
+    return found
 
 
 def damage(home, kind: str) -> bytes | None:

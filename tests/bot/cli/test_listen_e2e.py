@@ -26,6 +26,7 @@ from tests.support.fake_smartnumbers import FakeSmartnumbers
 from tests.support.fake_text_model import FakeTextModel
 from tests.support.paths import ROOT
 from tests.support.runs import FAKE_AGENT
+from tests.support.store import polled
 from tests.support.wavs import write_conversation_wav
 
 KEY = "sn-listener-key-NEVER-SHOWN"
@@ -171,10 +172,8 @@ async def test_a_call_is_archived_learned_from_its_jobs_run_and_the_next_session
 
 async def wait_for_rows(home: Path, sql: str, count: int, timeout: float = 30.0) -> None:
     """Wait (on the store, polled) until the service has delivered what the test needs."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
+    def read() -> int:
         with sqlite3.connect(home / DB_FILENAME) as db:
-            if len(db.execute(sql).fetchall()) >= count:
-                return
-        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {count} rows of {sql}"
-        await asyncio.sleep(0.05)
+            return len(db.execute(sql).fetchall())
+
+    await polled(read, lambda n: n >= count, f"{count} rows of {sql}", timeout)
