@@ -52,12 +52,9 @@ def script(ctx):
 
 
 def restored_items(received: list[dict]) -> int:
-    """Conversation messages the newest session received before its first response.create."""
-    last = max(i for i, e in enumerate(received) if e.get("type") == "session.update")
-    while last > 0 and received[last - 1].get("type") == "session.update":
-        last -= 1
+    """Conversation messages a session received (`received`: its events) before its first response.create."""
     count = 0
-    for event in received[last:]:
+    for event in received:
         if event.get("type") == "response.create":
             break
         if event.get("type") == "conversation.item.create" and event["item"]["type"] == "message":
@@ -134,7 +131,7 @@ async def measure(runs: int, turns: int) -> tuple[list[dict], list[float]]:
                 assert any(BACK_NOTICE in str(e.get("response", {}).get("instructions")) for e in r.realtime.received
                            if e.get("type") == "response.create")
                 results.append({"boot": ready - spawned, "rejoined": rejoined - ready, "dave": dave - ready, "spoke": spoke - ready,
-                                "items": restored_items(r.realtime.received)})
+                                "items": restored_items(r.realtime.received_on(r.realtime.connections))})
                 await r.realtime.wait_for(lambda: any(e.get("type") == "response.done" for e in r.realtime.sent), WAIT_S)
             # baseline: the same room, a fresh join (leave first)
             await r.command("talk leave", r.olive)

@@ -56,19 +56,9 @@ def asked_to_say(realtime) -> list[str]:
             if e.get("type") == "response.create" and (e.get("response") or {}).get("instructions")]
 
 
-def sessions(realtime) -> list[list[dict]]:
-    """What the fake Realtime received, cut at each `session.update` that opened a session."""
-    out: list[list[dict]] = []
-    for event in realtime.received:
-        if event.get("type") == "session.update" and (not out or _opened(out[-1])):
-            out.append([])
-        if out:
-            out[-1].append(event)
-    return out
-
-
-def _opened(events: list[dict]) -> bool:  # a session's first update is followed by something else
-    return any(e.get("type") != "session.update" for e in events)
+def newest_session(realtime) -> list[dict]:
+    """What the newest provider session (socket) received."""
+    return realtime.received_on(realtime.connections)
 
 
 def texts(events: list[dict]) -> list[tuple[str, str]]:
@@ -98,7 +88,7 @@ async def test_a_killed_bot_rejoins_its_call_with_the_earlier_turns_and_a_stoppe
         await r.start()
         await in_voice(r)  # rejoined on its own: nobody used /talk join
         await r.realtime.wait_for(lambda: back_asked(r.realtime) == 1, WAIT_S)
-        restored = texts(sessions(r.realtime)[-1])
+        restored = texts(newest_session(r.realtime))
         assert ("user", ASKED) in restored and ("assistant", "Done.") in restored  # the earlier turns
         who = restored[restored.index(("user", ASKED)) - 1]
         assert who[0] == "system" and f"user id {r.olive.id}" in who[1]  # with who said them
@@ -114,7 +104,7 @@ async def test_a_killed_bot_rejoins_its_call_with_the_earlier_turns_and_a_stoppe
         await r.start()
         await in_voice(r)
         await r.realtime.wait_for(lambda: back_asked(r.realtime) == 2, WAIT_S)
-        assert ("user", ASKED_AFTER) in texts(sessions(r.realtime)[-1])
+        assert ("user", ASKED_AFTER) in texts(newest_session(r.realtime))
         left = await r.command("talk leave", r.olive)
         assert "Left" in left["embeds"][0]["description"], left
         (recap,) = await r.fake.journal.wait_for(lambda: [m for m in r.fake.state.messages if m["embeds"]], WAIT_S)
