@@ -158,14 +158,17 @@ class CallRecords:
 
     async def get(self, call_id: int) -> CallRecord | None:
         row = await self.store.fetchone("SELECT * FROM voice_calls WHERE id = ?", (call_id,))
-        return None if row is None else _record(row, await self._turns(call_id), await self._spoken(call_id))
+        return None if row is None else await self._load(row)
 
     async def live(self, *, guild_id: int | None = None) -> list[CallRecord]:
         """Calls not ended (`live` or `resume`), oldest first, each with its recent turns (oldest first)."""
         rows = await self.store.fetchall(
             "SELECT * FROM voice_calls WHERE state IN ('live', 'resume') AND (? IS NULL OR guild_id = ?) ORDER BY id",
             (guild_id, guild_id))
-        return [_record(row, await self._turns(row["id"]), await self._spoken(row["id"])) for row in rows]
+        return [await self._load(row) for row in rows]
+
+    async def _load(self, row) -> CallRecord:
+        return _record(row, await self._turns(row["id"]), await self._spoken(row["id"]))
 
     async def _turns(self, call_id: int) -> tuple[CallTurn, ...]:
         rows = await self.store.fetchall("SELECT seq, at, role, speaker_id, name, text FROM voice_call_turns "
