@@ -63,8 +63,6 @@ class GatewaySession:
         self.seq += 1
         payload = {"op": DISPATCH, "t": event, "s": self.seq, "d": data}
         self.sent_events.append(payload)
-        if self.ws.closed:  # the bot is gone (killed, disconnected): kept for a RESUME to replay, as Discord does
-            return
         await self.send(payload)
 
     async def close(self, code: int, reason: str) -> None:

@@ -221,7 +221,7 @@ class FakeDiscord:
             guild.voice[user.id] = channel_id
             guild.voice_sessions[user.id] = self.state.new_token()[:32]
         session = self.gateway.current
-        if session is not None and session.voice_intent:
+        if session is not None and session.voice_intent and not session.ws.closed:  # the bot may be down
             await session.dispatch("VOICE_STATE_UPDATE", guild.voice_state(user.id))
 
     async def deny_bot(self, channel: Channel, permissions: int) -> None:
