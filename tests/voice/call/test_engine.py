@@ -251,8 +251,10 @@ async def test_usage_keeps_summing_over_a_session_the_provider_expired():
             await fake.wait_for(lambda: fake.connections == 2 and call.engine.core.connected, timeout=10)
             call.say()
             await fake.wait_for(lambda: any(c.connection == 2 and c.trigger == "vad" for c in fake.contexts), timeout=10)
-            await fake.wait_for(lambda: call.engine.core.idle() and call.engine.usage.responses == len(answers()),
-                                timeout=10)  # every answer, the notices spoken after the expiry included
+            # every answer, the notices spoken after the expiry included: the second session's answer done (the
+            # call is idle for a moment after the fake created it, before response.created reaches the engine)
+            await fake.wait_for(lambda: len(answers()) >= 2 and call.engine.core.idle()
+                                and call.engine.usage.responses == len(answers()), timeout=10)
             usage, sent = call.engine.usage, answers()
         assert len(sent) >= 2 and {c.connection for c in fake.contexts} == {1, 2}  # answers in both sessions
         assert usage.input_tokens == sum(u["input_tokens"] for u in sent)
