@@ -1,5 +1,6 @@
-"""Suite-wide settings for parallel runs (`-n`, pyproject.toml): the `xdist_group` marks take effect under
-pytest 9.2, and the tests that pace real-time audio through a bot process get the CPU first."""
+"""Suite-wide settings for parallel runs (`-n`, pyproject.toml): bytecode is compiled once before the workers
+start, the `xdist_group` marks take effect under pytest 9.2, and the tests that pace real-time audio through a
+bot process get the CPU first."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import os
 
 import pytest
 from _pytest.nodeid import NodeId
+
+from tests.support.warm import warm
 
 # The xdist groups of the tests that pace real-time audio through a bot process (`discord_room.real_time`, the
 # fake Discord's voice rig): their timing is what they test; every other test only needs the CPU eventually.
@@ -18,6 +21,13 @@ _yielding = pytest.StashKey[bool]()
 def _groups(item: pytest.Item) -> set[str]:
     return {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
             for mark in item.iter_markers("xdist_group")}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Before any worker starts, compile what every worker and test process would compile for itself
+    (`tests/support/warm.py`)."""
+    if not hasattr(config, "workerinput"):
+        warm(config)
 
 
 @pytest.hookimpl(trylast=True)

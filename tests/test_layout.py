@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import sys
@@ -59,7 +60,10 @@ def source_files() -> list[Path]:
     return [p for package in OURS for p in (ROOT / package).rglob("*.py")]
 
 
-IMPORTS = scan(source_files())
+@functools.cache
+def imports_of_ours() -> dict[str, list[tuple[str, str | None]]]:
+    """Scanned once per process, when a test first asks (not at collection, which every worker does)."""
+    return scan(source_files())
 
 
 def top(module: str) -> str:
@@ -67,7 +71,7 @@ def top(module: str) -> str:
 
 
 def importing(package: str, banned: tuple[str, ...], imports=None) -> list[str]:
-    imports = IMPORTS if imports is None else imports
+    imports = imports_of_ours() if imports is None else imports
     return [f"{m} imports {target}" for m, found in sorted(imports.items()) if top(m) == package or m.startswith(package + ".")
             for target, _ in found if any(target == b or target.startswith(b + ".") for b in banned)]
 
@@ -92,9 +96,9 @@ def resolve(target: str, name: str | None) -> str | None:
     """The module of ours an import reaches: `from a.b import c` is module a.b.c when that is a module."""
     if top(target) not in OURS:
         return None
-    if name is not None and f"{target}.{name}" in IMPORTS:
+    if name is not None and f"{target}.{name}" in imports_of_ours():
         return f"{target}.{name}"
-    return target if target in IMPORTS else None
+    return target if target in imports_of_ours() else None
 
 
 def graph(imports) -> dict[str, set[str]]:
@@ -141,7 +145,7 @@ def package_of(module: str) -> str:
 
 
 def test_no_import_cycles_type_only_imports_included():
-    edges = graph(IMPORTS)
+    edges = graph(imports_of_ours())
     # a package's __init__ re-exporting its own modules is not a cycle of design
     for m in edges:
         edges[m] = {t for t in edges[m] if not (m == package_of(t) and (ROOT / m.replace(".", "/") / "__init__.py").exists())}
@@ -149,7 +153,7 @@ def test_no_import_cycles_type_only_imports_included():
 
 
 def test_no_module_imports_another_modules_private_names():
-    private = [f"{m} imports {t}.{n}" for m, found in sorted(IMPORTS.items()) for t, n in found
+    private = [f"{m} imports {t}.{n}" for m, found in sorted(imports_of_ours().items()) for t, n in found
                if n is not None and n.startswith("_") and not n.startswith("__") and top(t) in OURS]
     assert private == []
 
@@ -165,7 +169,7 @@ def test_test_modules_share_only_through_tests_support():
 
 
 def test_the_checks_see_what_they_look_for():
-    assert ("voice.call.transports.base", "FRAME_BYTES") in IMPORTS["voice.media.channel"]
+    assert ("voice.call.transports.base", "FRAME_BYTES") in imports_of_ours()["voice.media.channel"]
     fake = {"runs.x": [("bot.services", "Services"), ("listener.archive", "_private")],
             "listener.archive": [("runs.x", None)], "bot.services": [("runs.x", "thing")]}
     assert importing("runs", ("bot",), fake) == ["runs.x imports bot.services"]
