@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -27,6 +28,18 @@ def whole_number(low: int, high: int) -> Callable[[str], int]:
         return number
 
     return parse
+
+
+def positive_seconds(text: str) -> float:
+    """argparse type: a finite number of seconds greater than 0."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds (e.g. 60); "
+                                         "leave --timeout out for no limit")
+    return seconds
 
 
 def serve_unless(command: str, problems: list[str], serve: Callable[[], Coroutine[Any, Any, int]]) -> int:

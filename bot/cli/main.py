@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from bot.cli.args import EXIT_USAGE
+from bot.cli.args import EXIT_USAGE, positive_seconds
 from voice import __version__
 
 if TYPE_CHECKING:
@@ -40,7 +40,6 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from bot.cli import callbacks as callbacks_cli
     from bot.cli import runs as runs_cli
-    from bot.cli import talk
     from bot.cli import transcripts as transcripts_cli
 
     parser = OneLineParser(
@@ -75,7 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
                    description="What `make run` calls: the Discord bot (`switchboard run`) when "
                                "DISCORD_BOT_TOKEN is set, otherwise the conversation on this terminal's "
                                "microphone and speaker (`switchboard talk`); it says which it chose and why.")
-    talk.add_parser(sub)
+    talk = sub.add_parser("talk", help="talk with the assistant: microphone and speaker, or WAV in / WAV out",
+                          description="A conversation with the assistant on this terminal's microphone and "
+                                      "speaker (Ctrl-C ends it: exit 0), or from IN.wav into OUT.wav (Ctrl-C: "
+                                      "exit 130). Needs a provider key. Everything that can be wrong is checked "
+                                      "before the call starts: one line, exit 2.")
+    talk.add_argument("--input-wav", type=Path, help="feed this WAV as if spoken (any rate/channels)")
+    talk.add_argument("--output-wav", type=Path, help="write what the assistant says here (24 kHz mono)")
+    talk.add_argument("--metrics-json", type=Path, help="append per-turn latency records here (JSON lines)")
+    talk.add_argument("--timeout", type=positive_seconds, default=None, metavar="SECONDS",
+                      help="give up after this many seconds (exit 3); default: no limit")
+    talk.add_argument("--endpointing", choices=("server", "local"), help="override SWITCHBOARD_ENDPOINTING")
+    talk.add_argument("--no-echo-gate", action="store_true", help="terminal: do not suppress speaker echo")
     runs_cli.add_parser(sub)
     transcripts_cli.add_parser(sub)
     callbacks_cli.add_parser(sub)
@@ -118,8 +128,6 @@ def _stdout_closed() -> bool:
 
 
 def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
-    from bot.cli import doctor, talk
-    from bot.cli import runs as runs_cli
     from bot.environment import EnvFileError, read_variables
     from bot.settings import check_settings
 
@@ -138,6 +146,8 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         return EXIT_USAGE
     report = check_settings(variables)
     if args.command == "doctor":
+        from bot.cli import doctor
+
         checks = doctor.run_checks(report, _env_source(args.env_file))
         print(doctor.render(checks))
         return doctor.exit_code(checks)
@@ -157,6 +167,8 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
                   "talk); set it to run the Discord bot (README: 'Add the bot to your server')", file=sys.stderr)
             args = parser.parse_args([*(["--env-file", str(args.env_file)] if args.env_file else []), "talk"])
     if args.command == "talk":
+        from bot.cli import talk
+
         return talk.run(report.settings, args)
     if args.command == "run":
         from bot.cli.run import run as run_service
@@ -164,6 +176,8 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
 
         return run_service(report.settings, listener_key=rotating_key(args.env_file, environ))
     if args.command == "runs":
+        from bot.cli import runs as runs_cli
+
         return runs_cli.run(args, report.settings)
     if args.command == "listen":
         from bot.cli import listen

@@ -9,10 +9,8 @@ started (while the voice service's handshake is pending) ends it at once: 130 in
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
-import math
 import os
 import shlex
 import signal
@@ -42,33 +40,6 @@ from voice.call.vad import SpeechDetector, VadConfig
 log = logging.getLogger(__name__)
 
 EXIT_FAILED, EXIT_USAGE, EXIT_TIMEOUT = 1, 2, 3
-
-
-def add_parser(sub) -> None:
-    talk = sub.add_parser("talk", help="talk with the assistant: microphone and speaker, or WAV in / WAV out",
-                          description="A conversation with the assistant on this terminal's microphone and "
-                                      "speaker (Ctrl-C ends it: exit 0), or from IN.wav into OUT.wav (Ctrl-C: "
-                                      "exit 130). Needs a provider key. Everything that can be wrong is checked "
-                                      "before the call starts: one line, exit 2.")
-    talk.add_argument("--input-wav", type=Path, help="feed this WAV as if spoken (any rate/channels)")
-    talk.add_argument("--output-wav", type=Path, help="write what the assistant says here (24 kHz mono)")
-    talk.add_argument("--metrics-json", type=Path, help="append per-turn latency records here (JSON lines)")
-    talk.add_argument("--timeout", type=positive_seconds, default=None, metavar="SECONDS",
-                      help="give up after this many seconds (exit 3); default: no limit")
-    talk.add_argument("--endpointing", choices=("server", "local"), help="override SWITCHBOARD_ENDPOINTING")
-    talk.add_argument("--no-echo-gate", action="store_true", help="terminal: do not suppress speaker echo")
-
-
-def positive_seconds(text: str) -> float:
-    """argparse type: a finite number of seconds greater than 0."""
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = math.nan
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of seconds (e.g. 60); "
-                                         "leave --timeout out for no limit")
-    return seconds
 
 
 def run(settings: Settings, args) -> int:
