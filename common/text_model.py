@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from common.tls import verified_tls
 from common.urls import UnsafeEndpoint, check_key_endpoint, display_url
 
 
@@ -40,8 +41,8 @@ class TextModel:
         self._endpoint = url.strip().rstrip("/") + "/chat/completions"
         self._key = key
         self.model = model
-        self._client = client or httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(timeout_s, connect=10.0),
-                                                   follow_redirects=False)
+        self._client = client or httpx.AsyncClient(trust_env=False, verify=verified_tls(),
+                                                   timeout=httpx.Timeout(timeout_s, connect=10.0), follow_redirects=False)
 
     def request_body(self, messages: Sequence[Mapping[str, str]], name: str,
                      schema: Mapping[str, Any]) -> dict[str, Any]:

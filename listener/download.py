@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 
 import httpx
 
+from common.tls import verified_tls
 from listener.addresses import ParsedURL, UnsafeTranscriptURL, check_transcript_url, vet_address
 
 __all__ = [
@@ -87,7 +88,7 @@ async def system_resolver(host: str) -> list[str]:
 
 def _client_ssl_context(verify: ssl.SSLContext | None) -> ssl.SSLContext:
     if verify is None:
-        return httpx.create_ssl_context(verify=True, trust_env=False)
+        return verified_tls()
     if not isinstance(verify, ssl.SSLContext):
         raise TypeError("verify must be an ssl.SSLContext or None")
     if verify.verify_mode != ssl.CERT_REQUIRED or not verify.check_hostname:

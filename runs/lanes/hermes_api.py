@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from httpx_sse import SSEError, aconnect_sse
 
+from common.tls import verified_tls
 from common.urls import display_url
 from runs.config import RunsConfig
 from runs.core import Accepted, Finished, Observation, RunState, RunTicket
@@ -49,7 +50,7 @@ def _why(exc: Exception) -> str:
 
 def _http_client(connections: int) -> httpx.AsyncClient:
     # trust_env=False: the api_server is normally on loopback; a proxy variable must not divert it
-    return httpx.AsyncClient(trust_env=False, timeout=httpx.Timeout(30.0, connect=5.0),
+    return httpx.AsyncClient(trust_env=False, verify=verified_tls(), timeout=httpx.Timeout(30.0, connect=5.0),
                              limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
 
 
