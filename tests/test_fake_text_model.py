@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import copy
 import json
-import ssl
 import time
 from typing import Literal
 
@@ -15,6 +14,7 @@ import pydantic
 import pytest
 from openai.types.chat import ChatCompletion
 
+from common.tls import verified_tls
 from tests.support.fake_text_model import FakeTextModel, SchemaError, check_strict_schema
 
 KEY = "sk-text-test"
@@ -60,11 +60,10 @@ def auth(key: str = KEY) -> dict:
     return {"Authorization": f"Bearer {key}"}
 
 
-TLS = ssl.create_default_context()  # built once: httpx would load the CA bundle anew for every client
 
 
 def client() -> httpx.AsyncClient:
-    return httpx.AsyncClient(trust_env=False, timeout=5, verify=TLS)
+    return httpx.AsyncClient(trust_env=False, timeout=5, verify=verified_tls())
 
 
 async def post(http: httpx.AsyncClient, fake: FakeTextModel, payload, *, key: str = KEY) -> httpx.Response:
@@ -306,7 +305,7 @@ class Facts(pydantic.BaseModel):
 async def test_the_openai_sdk_talks_to_the_fake():
     answer = {"facts": [{"text": "drinks green tea", "kind": "preference", "who": "Alice"}]}
     async with FakeTextModel(key=KEY, model=MODEL) as fake, \
-            httpx.AsyncClient(trust_env=False, verify=TLS) as http:
+            httpx.AsyncClient(trust_env=False, verify=verified_tls()) as http:
         fake.answer = lambda request_body: answer
         sdk = openai.AsyncOpenAI(base_url=fake.url, api_key=KEY, http_client=http, max_retries=0)
         messages = body()["messages"]

@@ -4,17 +4,15 @@ through a proxy or a redirect. Checked against the strict fake Chat Completions 
 
 from __future__ import annotations
 
-import ssl
-
 import httpx
 import pytest
 from aiohttp import web
 
 from common.text_model import TextModel, TextModelError
+from common.tls import verified_tls
 from tests.support.fake_text_model import FakeTextModel
 
 KEY = "sk-text-SECRET-4242"
-TLS = ssl.create_default_context()  # built once (httpx loads the CA bundle anew for every client)
 SCHEMA = {"type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green"]},
                                            "count": {"type": "integer"}},
           "required": ["colour", "count"], "additionalProperties": False}
@@ -23,7 +21,7 @@ MESSAGES = [{"role": "system", "content": "Answer with the colour and a count."}
 
 
 def client(timeout: float = 5.0) -> httpx.AsyncClient:
-    return httpx.AsyncClient(trust_env=False, verify=TLS, timeout=httpx.Timeout(timeout))
+    return httpx.AsyncClient(trust_env=False, verify=verified_tls(), timeout=httpx.Timeout(timeout))
 
 
 async def test_one_strict_structured_request_and_its_answer_parsed():

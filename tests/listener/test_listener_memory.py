@@ -7,7 +7,6 @@ accepted facts land in SQLite with their provenance and become the memory block 
 from __future__ import annotations
 
 import json
-import ssl
 
 import httpx
 import pytest
@@ -15,6 +14,7 @@ import pytest
 from bot.services import LISTENER_MIGRATIONS
 from bot.tools.phone import known_facts
 from common.store import open_store
+from common.tls import verified_tls
 from listener.archive import Archive
 from listener.extract import ExtractionError, FactExtractor
 from listener.memory import FACT_SCHEMA, Memory, grounded, is_instruction, validate
@@ -32,7 +32,6 @@ CALL = Transcript("call_9", (
     Turn(6, "FROM", "No, that is not my address any more."),
 ), direction="outbound", from_number="+15550001", to_number="+15550002")
 USER = "FROM"  # outbound: the user placed the call
-TLS = ssl.create_default_context()  # built once (httpx loads the CA bundle anew for every client)
 
 
 def proposal(fact: str, turn: int, quote: str, confirm: int | None = None, confirm_quote: str | None = None,
@@ -173,7 +172,7 @@ async def test_one_strict_request_over_the_whole_transcript_and_its_answer_parse
     async with FakeTextModel(key="text-key", model="gpt-test") as fake:
         fake.answer = lambda body: {"facts": [ACCEPTED[0][1]]}
         extractor = FactExtractor(url=fake.url, key="text-key", model="gpt-test",
-                                  client=httpx.AsyncClient(trust_env=False, verify=TLS))
+                                  client=httpx.AsyncClient(trust_env=False, verify=verified_tls()))
         try:
             answer = await extractor.extract(CALL, USER)
         finally:
@@ -200,7 +199,7 @@ async def test_a_model_that_fails_is_one_clear_error_without_the_key(script, mes
     async with FakeTextModel(key="text-key-SECRET", model="gpt-test") as fake:
         script(fake)
         extractor = FactExtractor(url=fake.url, key="text-key-SECRET", model="gpt-test",
-                                  client=httpx.AsyncClient(trust_env=False, verify=TLS))
+                                  client=httpx.AsyncClient(trust_env=False, verify=verified_tls()))
         try:
             with pytest.raises(ExtractionError) as raised:
                 await extractor.extract(CALL, USER)
@@ -214,7 +213,7 @@ async def test_a_model_that_never_answers_times_out():
     async with FakeTextModel(key="k", model="gpt-test") as fake:
         fake.hang_next()
         extractor = FactExtractor(url=fake.url, key="k", model="gpt-test", client=httpx.AsyncClient(
-            trust_env=False, verify=TLS, timeout=httpx.Timeout(0.3)))
+            trust_env=False, verify=verified_tls(), timeout=httpx.Timeout(0.3)))
         try:
             with pytest.raises(ExtractionError, match="did not answer in time"):
                 await extractor.extract(CALL, USER)

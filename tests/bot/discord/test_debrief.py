@@ -6,7 +6,6 @@ finds. A model that fails costs no facts and raises nothing; a second debrief ad
 from __future__ import annotations
 
 import json
-import ssl
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -18,6 +17,7 @@ from bot.services import STORE_MIGRATIONS
 from bot.tools.phone import known_facts, transcript_tools
 from common.store import Store, open_store
 from common.text_model import TextModel
+from common.tls import verified_tls
 from listener.archive import Archive
 from listener.memory import CALL_SYSTEM_PROMPT, Memory
 from tests.support.fake_text_model import FakeTextModel
@@ -26,7 +26,6 @@ from voice.call.records import CallRecord, CallRecords
 from voice.call.tools import ToolCall
 
 KEY = "text-key-SECRET"
-TLS = ssl.create_default_context()  # built once (httpx loads the CA bundle anew for every client)
 GUILD = 5150
 OLIVE, GUS, MALLORY = 1001, 2002, 3003  # Olive is the operator; Gus and Mallory are guests
 OPERATORS = frozenset({OLIVE})
@@ -82,7 +81,7 @@ async def rig(tmp_path) -> AsyncIterator[Rig]:
     try:
         async with FakeTextModel(key=KEY, model="gpt-test") as fake:
             model = TextModel(fake.url, KEY, "gpt-test", client=httpx.AsyncClient(
-                trust_env=False, verify=TLS, timeout=httpx.Timeout(2.0)))
+                trust_env=False, verify=verified_tls(), timeout=httpx.Timeout(2.0)))
             try:
                 yield Rig(store, CallRecords(store), fake, model)
             finally:
