@@ -1,6 +1,6 @@
-"""Suite-wide settings for parallel runs (`-n`, pyproject.toml): bytecode is compiled once before the workers
-start, the `xdist_group` marks take effect under pytest 9.2, and the tests that pace real-time audio through a
-bot process get the CPU first."""
+"""Suite-wide settings: the property tests' examples, and for parallel runs (`-n`, pyproject.toml): bytecode
+is compiled once before the workers start, the `xdist_group` marks take effect under pytest 9.2, and the
+tests that pace real-time audio through a bot process get the CPU first."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 
 import pytest
 from _pytest.nodeid import NodeId
+from hypothesis import settings as hypothesis_settings
 
 from tests.support.warm import warm
 
@@ -21,6 +22,13 @@ _yielding = pytest.StashKey[bool]()
 def _groups(item: pytest.Item) -> set[str]:
     return {str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
             for mark in item.iter_markers("xdist_group")}
+
+
+# Property tests draw the same fixed examples on every run (derandomized: a red run is red again on any
+# machine), 100 per test; `pytest --hypothesis-profile=thorough` draws 2,000 fresh ones per test instead.
+hypothesis_settings.register_profile("suite", derandomize=True, deadline=None, max_examples=100)
+hypothesis_settings.register_profile("thorough", derandomize=False, deadline=None, max_examples=2000)
+hypothesis_settings.load_profile("suite")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -8,7 +8,7 @@ import logging
 import tracemalloc
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from listener import transcript as parser
@@ -466,7 +466,6 @@ def rendered(draw):
     return turns, raw
 
 
-@settings(derandomize=True, max_examples=200, deadline=None)
 @given(rendered())
 def test_render_then_parse_round_trips(case):
     turns, raw = case
@@ -504,7 +503,6 @@ _FRAGMENTS = st.sampled_from(
 )
 
 
-@settings(derandomize=True, max_examples=200, deadline=None)
 @given(st.one_of(st.text(), st.lists(_FRAGMENTS, max_size=40).map("".join), st.binary()))
 def test_arbitrary_input_only_ever_raises_transcript_error(raw):
     try:
@@ -532,7 +530,6 @@ _json_turn = st.fixed_dictionaries(
 )
 
 
-@settings(derandomize=True, max_examples=200, deadline=None)
 @given(
     st.fixed_dictionaries(
         {},

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from listener.model import Transcript, Turn
@@ -249,7 +249,6 @@ def _check(t: Transcript, found: list[CallCommand], user_label: str) -> None:
     assert len({c.dedupe_key for c in found}) == len(found)
 
 
-@settings(derandomize=True, max_examples=200, deadline=None)
 @given(_turns, st.sampled_from(["TO", "FROM"]))
 def test_commands_are_verbatim_user_substrings(turns, user_label):
     t = transcript(*turns)
@@ -257,7 +256,6 @@ def test_commands_are_verbatim_user_substrings(turns, user_label):
     _check(t, found, user_label)
 
 
-@settings(derandomize=True, max_examples=200, deadline=None)
 @given(st.lists(utterance(with_names=False), max_size=5), st.text(max_size=60))
 def test_turns_without_an_address_yield_nothing(texts, noise):
     while "ares" in noise.casefold():
@@ -266,7 +264,6 @@ def test_turns_without_an_address_yield_nothing(texts, noise):
     assert find_commands(t, user_label="TO", agent_name=AGENT) == []
 
 
-@settings(derandomize=True, max_examples=200, deadline=None)
 @given(
     utterance(with_names=False),
     st.lists(st.sampled_from(["book", "a", "table", "call", "mom"]), min_size=1, max_size=6),
@@ -281,7 +278,6 @@ def test_an_inserted_address_is_found_with_its_command(prefix, words):
     assert all(c.turn_index == 1 for c in found)
 
 
-@settings(derandomize=True, max_examples=200, deadline=None)
 @given(st.text(max_size=80), st.sampled_from(["TO", "FROM"]))
 def test_arbitrary_text_never_breaks_the_detector(text, speaker):
     t = transcript((speaker, text), ("TO", "Ares, " + text))
