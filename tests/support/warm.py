@@ -50,8 +50,11 @@ def _rewrite(config: pytest.Config, sources: Iterable[Path]) -> None:
         pyc = rewritten_pyc(source)
         if _read_pyc(source, pyc) is not None:
             continue
-        pyc.parent.mkdir(exist_ok=True)
-        source_hash, code = _rewrite_test(source, config)
+        try:
+            pyc.parent.mkdir(exist_ok=True)
+            source_hash, code = _rewrite_test(source, config)
+        except (OSError, SyntaxError, ValueError):  # the worker that imports it reports it as pytest would
+            continue
         _write_pyc(state, code, source_hash, pyc)
 
 

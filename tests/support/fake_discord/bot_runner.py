@@ -22,6 +22,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -165,6 +166,10 @@ class TestBot(discord.Client):
 
 
 def main() -> None:
+    # Ctrl-C is how the rig stops this bot (`BotProcess.stop`). A parent that ignores SIGINT — any
+    # background job of a non-interactive shell (`cmd &`) — passes that on, and Python then keeps it
+    # ignored: the bot would never hear Ctrl-C and be killed after the stop timeout (exit -9).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     env = os.environ
     log_file = env.get("FAKE_DISCORD_LOG")
     handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
