@@ -34,4 +34,3 @@ async def test_no_client_of_ours_reads_the_ca_bundle_again(monkeypatch):
     TranscriptDownloader()
     await lane.aclose()
     await model.aclose()
-

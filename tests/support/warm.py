@@ -72,7 +72,14 @@ def _half(config: pytest.Config, root: Path, sources: list[Path], share: int, of
 def warm(config: pytest.Config, root: Path = ROOT, processes: int = 2) -> None:
     """Write the bytecode described above; `processes` share the work (fork, so each has `config`)."""
     try:
-        from _pytest.assertion.rewrite import assertstate_key
+        from _pytest.assertion.rewrite import (  # noqa: F401  every private name `_rewrite` uses
+            PYC_TAIL,
+            _read_pyc,
+            _rewrite_test,
+            _write_pyc,
+            assertstate_key,
+            get_cache_dir,
+        )
         config.stash[assertstate_key]
     except (ImportError, KeyError):  # another pytest, or asserts not rewritten (--assert=plain)
         _compile(root, 0, 1)
