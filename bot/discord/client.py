@@ -192,6 +192,12 @@ class SwitchboardBot(discord.Client):
         return self._text
 
     async def close(self) -> None:
+        # discord.py holds READY back in a task (`_delay_ready`, up to 2 s after the last server) that its
+        # close() leaves running; we never wait for READY (`_all_here`), so a shutdown inside that window
+        # had it dispatch `ready` to the closed client: "Task exception was never retrieved", a traceback.
+        ready = getattr(self._connection, "_ready_task", None)
+        if ready is not None and not ready.done():
+            ready.cancel()
         await super().close()
         if self._text is not None:
             await self._text.aclose()
