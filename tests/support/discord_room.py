@@ -239,11 +239,18 @@ async def dave_settled(r: Room) -> None:
 
 
 async def say(r: Room, *speakers: SimUser, text: str = "audit the auth module and report back") -> None:
-    """Each speaker says `text` (overlapping when several), until the engine commits a turn. Sent as one
-    burst: the bot keeps only the last 500 ms of it per member (measured: 1.1 s of a 3.8 s sentence was
-    committed, against 4.0 s with `speak_live`), enough for a turn but not for what the turn holds."""
+    """Each speaker says `text`, until the engine commits a turn. One speaker sends it as one burst: the
+    bot keeps only the last 500 ms of it per member (measured: 1.1 s of a 3.8 s sentence was committed,
+    against 4.0 s with `speak_live`), enough for a turn but not for what the turn holds, and it is said
+    again if no turn came of it. Several speakers talk at once in real time (`speak_live`), and it
+    returns once each has had a turn committed."""
     frames = opus_speech(text)
     before = len(commits(r.realtime))
+    if len(speakers) > 1:  # at once, paced as clients send: each burst would keep only its last 500 ms, and
+        # whether every speaker's tail then makes a turn depends on how the bursts meet the bot's ticks
+        await asyncio.gather(*(speak_live(r.fake, s, frames) for s in speakers))
+        await r.realtime.wait_for(lambda: len(commits(r.realtime)) >= before + len(speakers), WAIT_S)
+        return
     for _attempt in range(3):  # DAVE may still be settling for the first packets: say it again
         await asyncio.gather(*(r.fake.speak(s, frames) for s in speakers))
         with contextlib.suppress(AssertionError):
