@@ -31,6 +31,7 @@ KEY = "sn-listener-key-processes"
 CALLS = 100  # each offered to both listeners: 200 deliveries, 200 jobs
 JOBS_PER_CALL = 2  # the review, and the user's named command
 WAITING = "waiting for the call card"
+WRITE_EVERY = 20  # acks between the writer's revisions (five in a measured run)
 
 
 def call_event(i: int, event_id: str | None = None) -> dict:
@@ -51,8 +52,10 @@ async def prepared(home: Path) -> str:
         await store.close()
 
 
-async def writer(home: Path, token: str, stop: asyncio.Event, log: Path) -> list[int]:
-    """A named-command run's agent changing the review again and again while calls come in."""
+async def writer(home: Path, token: str, stop: asyncio.Event, log: Path, stream: FakeSmartnumbers) -> list[int]:
+    """A named-command run's agent changing the review again and again while calls come in: a revision
+    whenever WRITE_EVERY more acks have come, so its writes meet the listeners' all through the run (one
+    after another, back to back, they only spent the CPU the listeners race on)."""
     codes: list[int] = []
     with log.open("ab") as out:
         while not stop.is_set():
@@ -62,6 +65,13 @@ async def writer(home: Path, token: str, stop: asyncio.Event, log: Path) -> list
                 env={"PATH": os.environ.get("PATH", ""), "HOME": str(home.parent), "SWITCHBOARD_HOME": str(home)},
                 stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out)
             codes.append(await asyncio.wait_for(proc.wait(), 60))
+            due = len(stream.acks) + WRITE_EVERY
+            progress = asyncio.ensure_future(stream.wait_for(lambda n=due: len(stream.acks) >= n, timeout=3600))
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait((progress, stopped), return_when=asyncio.FIRST_COMPLETED)
+            for waiting in (progress, stopped):
+                waiting.cancel()
+            await asyncio.gather(progress, stopped, return_exceptions=True)
     return codes
 
 
@@ -94,7 +104,7 @@ async def test_two_listeners_and_a_callbacks_writer_share_one_store_and_lose_not
                         sys.executable, "-m", "bot", "--env-file", os.devnull, "listen", cwd=ROOT, env=env,
                         stdin=asyncio.subprocess.DEVNULL, stdout=out, stderr=out))
                 await stream.wait_connection(n, timeout=30)
-            writing = asyncio.create_task(writer(home, token, stop_writing, tmp_path / "writer.log"))
+            writing = asyncio.create_task(writer(home, token, stop_writing, tmp_path / "writer.log", stream))
             for i in range(CALLS):  # every call to both listeners at once: they race for each step
                 await stream.send_event(call_event(i), conn=1)
                 await stream.send_event(call_event(i), conn=2)
