@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import discord
 
 from runs import RunState, RunTicket
@@ -18,6 +20,21 @@ COLOURS = {
     RunState.LOST: 0xE67E22,
 }
 OK, WARN = 0x57F287, 0xFEE75C
+
+
+def fitted(items: Sequence[str], limit: int, *, total: int | None = None) -> str:
+    """One item per line, as many as fit in `limit` characters with room left to say how many of `total`
+    (default: all the items) are left out."""
+    total = len(items) if total is None else total
+    text = ""
+    for n, item in enumerate(items):
+        candidate = text + ("\n" if text else "") + item
+        left = total - n - 1
+        if len(candidate) + (len(f"\n… and {left} more") if left else 0) > limit:
+            rest = f"… and {total - n} more"
+            return f"{text}\n{rest}" if text else rest
+        text = candidate
+    return text + (f"\n… and {total - len(items)} more" if total > len(items) else "")
 
 
 def run_embed(ticket: RunTicket, now: float, *, description_limit: int = 3500) -> discord.Embed:

@@ -13,7 +13,7 @@ import logging
 
 import discord
 
-from bot.discord.embeds import COLOURS, FIELD_LIMIT, MESSAGE_LIMIT, TITLE_LIMIT
+from bot.discord.embeds import COLOURS, FIELD_LIMIT, MESSAGE_LIMIT, TITLE_LIMIT, fitted
 from bot.discord.posts import PostError, send
 from bot.discord.untrusted import escape_caller_text
 from bot.phone.delivery import (
@@ -33,17 +33,6 @@ CARD_COLOUR = 0x5865F2
 CONNECT_WAIT_S = 60.0
 
 
-def lines(items: list[str], limit: int = FIELD_LIMIT) -> str:
-    """One item per line, as many as fit in `limit` characters, then how many more there are."""
-    text = ""
-    for n, item in enumerate(items):
-        more = f"\n… and {len(items) - n} more"
-        if len(text) + len(item) + 1 + len(more) > limit:
-            return text + more
-        text += ("\n" if text else "") + item
-    return text
-
-
 def card_embed(card: CallCard) -> discord.Embed:
     embed = discord.Embed(title=bounded(escape_caller_text(card_title(card)), TITLE_LIMIT - 40), colour=CARD_COLOUR,
                           description=bounded(escape_caller_text(card_summary(card)), 1000))
@@ -52,11 +41,11 @@ def card_embed(card: CallCard) -> discord.Embed:
     if card.duration_s:
         embed.add_field(name="length", value=elapsed_words(card.duration_s), inline=True)
     if card.facts:
-        embed.add_field(name="learned", value=lines([f"• {bounded(escape_caller_text(f), 200)}" for f in card.facts]), inline=False)
+        embed.add_field(name="learned", value=fitted([f"• {bounded(escape_caller_text(f), 200)}" for f in card.facts], FIELD_LIMIT), inline=False)
     jobs = [f"`{job_id}` {KIND_WORDS.get(kind, kind)}: {bounded(escape_caller_text(label), 80)}" + (
         " (could not start yet; retried with the next delivery)" if job_id == "not started" else "")
         for job_id, kind, label in card.jobs]
-    embed.add_field(name="jobs", value=lines(jobs) if jobs else "none", inline=False)
+    embed.add_field(name="jobs", value=fitted(jobs, FIELD_LIMIT) if jobs else "none", inline=False)
     embed.set_footer(text=f"call {bounded(escape_caller_text(card.conversation_id), 80)} · /transcripts show id:{card.transcript_id}")
     assert len(embed) <= MESSAGE_LIMIT, len(embed)
     return embed

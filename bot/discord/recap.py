@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import discord
 
-from bot.discord.embeds import MESSAGE_LIMIT
+from bot.discord.embeds import MESSAGE_LIMIT, fitted
 from bot.discord.untrusted import escape_caller_text
 from runs import RunTicket
 from runs.wording import STATE_WORDS, bounded
@@ -118,21 +118,6 @@ def shown(text: str | None, limit: int) -> str:
         if room <= 2:
             return "…"
         room = min(room - 1, room * limit // len(line))  # escaping grew it by about that ratio
-
-
-def fitted(items: Sequence[str], limit: int, *, total: int | None = None) -> str:
-    """One item per line, as many as fit in `limit` characters with room left to say how many of `total`
-    (default: all the items) are left out."""
-    total = len(items) if total is None else total
-    text = ""
-    for n, item in enumerate(items):
-        candidate = text + ("\n" if text else "") + item
-        left = total - n - 1
-        if len(candidate) + (len(f"\n… and {left} more") if left else 0) > limit:
-            rest = f"… and {total - n} more"
-            return f"{text}\n{rest}" if text else rest
-        text = candidate
-    return text + (f"\n… and {total - len(items)} more" if total > len(items) else "")
 
 
 def _speaker_lines(speakers: Sequence[SpeakerTime]) -> tuple[list[str], int]:
