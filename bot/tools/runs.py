@@ -11,9 +11,9 @@ from typing import Any
 
 from runs.results import RunResult
 from runs.service import RunService, UnknownRun
+from voice.call.attribution import NO_CALL
 from voice.call.tools import Tool, ToolCall
 
-UNKNOWN_CALL = "unknown"  # the call id of a ToolCall made without a CallInfo (voice.call.tools)
 RUN_NUMBER = {"type": "integer", "minimum": 1, "description": "the run number, as in \"run 3\""}
 
 
@@ -28,9 +28,9 @@ def speaker_of(call: ToolCall) -> int | None:
 
 def origin_of(call: ToolCall) -> str | None:
     """The id of the voice call the tool call happens in (stored with a run it starts); None when the
-    call is not known (`ToolCall`'s default `CallInfo` says "unknown")."""
+    call is not known (`ToolCall`'s default, `NO_CALL`)."""
     call_id = getattr(getattr(call, "call", None), "call_id", None)
-    return call_id if isinstance(call_id, str) and call_id.strip() and call_id != UNKNOWN_CALL else None
+    return call_id if isinstance(call_id, str) and call_id.strip() and call_id != NO_CALL.call_id else None
 
 
 def _handler(body: Callable[[ToolCall], Awaitable[RunResult]]) -> Callable[[ToolCall], Awaitable[dict]]:

@@ -52,6 +52,9 @@ class CallInfo:
     channel_id: int | None = None
 
 
+NO_CALL = CallInfo("unknown")  # a tool call made outside any known call (a test, a caller that gave none)
+
+
 def speaker_context_text(speakers: frozenset[int], names: dict[int, str], *, always: bool = False) -> str | None:
     """The conversation item placed before a committed turn, naming its speakers by immutable id.
 

@@ -17,10 +17,10 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
-from voice.call.attribution import UNKNOWN, Attribution, CallInfo
+from voice.call.attribution import NO_CALL, UNKNOWN, Attribution, CallInfo
 from voice.call.providers.base import ToolSpec
 
 log = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class ToolCall:
     arguments: dict[str, Any]
     raw_arguments: str
     origin: Attribution = UNKNOWN
-    call: CallInfo = field(default_factory=lambda: CallInfo("unknown"))
+    call: CallInfo = NO_CALL
 
     @property
     def speakers(self) -> frozenset[int] | None:
@@ -170,7 +170,7 @@ class ToolCatalogue:
                 raise ValueError("arguments must be a JSON object")
         except ValueError as exc:
             return done(_error(f"the arguments for {name} were not valid JSON ({exc})"), False)
-        request = ToolCall(call_id, name, arguments, raw_arguments, origin, call or CallInfo("unknown"))
+        request = ToolCall(call_id, name, arguments, raw_arguments, origin, call or NO_CALL)
         if tool.mutating:
             refusal = await self._authorize(tool, request, logger)
             if on_decision is not None:

@@ -73,7 +73,7 @@ async def test_a_run_delegated_in_a_call_records_that_calls_id_and_one_outside_a
         assert (await h.delivered(1)).origin == "call-42" and (await h.delivered(2)).origin is None
         assert [t.id for t in await h.service.tickets_of("call-42")] == [1]
         assert await h.service.tickets_of("unknown") == []
-    assert origin_of(ToolCall("c", "delegate_task", {}, "{}")) is None  # the default CallInfo("unknown")
+    assert origin_of(ToolCall("c", "delegate_task", {}, "{}")) is None  # the default NO_CALL
     assert origin_of(ToolCall("c", "delegate_task", {}, "{}", call=CallInfo("  "))) is None
     assert origin_of(SimpleNamespace(arguments={})) is None
 
