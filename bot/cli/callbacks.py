@@ -98,7 +98,7 @@ async def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | No
     request = _request(args)
     changing = request["action"] not in ("list", "show")
     try:
-        async with build_services(settings, watch_runs=False) as services:
+        async with build_services(settings, watch_runs=False, create_store=changing) as services:
             if changing:
                 env = os.environ if environ is None else environ
                 token = getattr(args, "token", None) or env.get(TOKEN_VARIABLE)

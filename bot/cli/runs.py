@@ -67,7 +67,7 @@ async def main(args: argparse.Namespace, settings: Settings, *, config: RunsConf
         return 2
     try:
         async with build_services(settings, watch_runs=False, config=config, lanes=lanes, clock=clock,
-                                  sleep=sleep) as services:
+                                  sleep=sleep, create_store=False) as services:
             return await _act(services.runs, args, out, err, clock)
     except StoreError as exc:
         print(f"switchboard runs: {exc}", file=err)

@@ -68,7 +68,7 @@ async def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | No
         print(f"switchboard transcripts: {problem}", file=err)
         return 2
     try:
-        async with build_services(settings, watch_runs=False) as services:
+        async with build_services(settings, watch_runs=False, create_store=False) as services:
             calls = services.archive
             if args.transcripts_command == "search":
                 found = await calls.search(" ".join(args.query), conversation_id=args.conversation,

@@ -318,9 +318,11 @@ async def _enter_wal(store: Store) -> str:
 
 async def open_store(home: Path, migrations: Iterable[Migration] = (), *,
                      clock: Callable[[], float] = time.time, filename: str = DB_FILENAME,
-                     busy: Busy | None = None) -> Store:
-    """Open (creating) `home/filename` owner-only in WAL mode and apply `migrations`. Raises
-    StoreError (one line) for a home or file that cannot hold the store; deletes nothing."""
+                     busy: Busy | None = None, create: bool = True) -> Store:
+    """Open (creating, unless `create` is false) `home/filename` owner-only in WAL mode and apply
+    `migrations`. Raises StoreError (one line) for a home or file that cannot hold the store, or that
+    holds none when `create` is false (a command that only reads: a mistyped SWITCHBOARD_HOME must not
+    quietly become a new, empty store); deletes nothing."""
     home = Path(home).expanduser()
     path = home / filename
     busy = busy or Busy()
@@ -328,6 +330,9 @@ async def open_store(home: Path, migrations: Iterable[Migration] = (), *,
 
     if problem := home_problem(home):
         raise StoreError(problem)
+    if not create and not path.exists():
+        raise StoreError(f"there is no store in {home}: nothing has been recorded there yet; check "
+                         "SWITCHBOARD_HOME (switchboard run, listen and talk create it)")
     if problem := store_problem(path):
         raise StoreError(problem)
     try:

@@ -26,6 +26,14 @@ async def polled(read: Callable[[], T], predicate: Callable[[T], Any], what: str
     return found
 
 
+async def recorded_home(home) -> None:
+    """A store in `home` as the first `switchboard run`, `listen` or `talk` leaves it: every table, no rows."""
+    from bot.services import STORE_MIGRATIONS
+    from common.store import open_store
+
+    await (await open_store(home, STORE_MIGRATIONS)).close()
+
+
 def damage(home, kind: str) -> bytes | None:
     """Put a damaged store in `home`; returns the file's bytes (to show nothing was changed)."""
     import shutil

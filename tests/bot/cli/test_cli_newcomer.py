@@ -18,6 +18,7 @@ from bot.cli import talk
 from bot.cli.main import main
 from tests.support.cli import switchboard
 from tests.support.paths import ROOT
+from tests.support.store import recorded_home
 from voice.call.telemetry import Telemetry, TurnRecord
 
 SECRET = "sk-newcomer-secret-never-printed-99"
@@ -311,6 +312,19 @@ def test_a_store_under_proc_or_sys_is_bad_in_doctor_and_refused_by_the_commands(
     assert code == 2 and len(err.splitlines()) == 1 and expected in err
 
 
+def test_a_command_that_only_reads_says_there_is_no_store_and_creates_none(cli, tmp_path):
+    home = tmp_path / "typo" / "home"  # a mistyped SWITCHBOARD_HOME: it must not quietly become an empty store
+    for argv in (("runs", "list"), ("runs", "show", "1"), ("runs", "stop", "1"), ("transcripts", "search", "dentist"),
+                 ("transcripts", "show", "call_1"), ("callbacks", "list"), ("callbacks", "review", "show")):
+        code, out, err = cli(*argv, env={"SWITCHBOARD_HOME": str(home)})
+        assert (code, out) == (2, "") and err.splitlines() == [
+            f"switchboard {argv[0]}: there is no store in {home}: nothing has been recorded there yet; check "
+            "SWITCHBOARD_HOME (switchboard run, listen and talk create it)"], (argv, err)
+    assert not (tmp_path / "typo").exists()
+    asyncio.run(recorded_home(home))
+    assert cli("runs", "list", env={"SWITCHBOARD_HOME": str(home)})[:2] == (0, "no runs yet\n")
+
+
 def test_a_directory_named_like_the_database_is_bad_with_what_to_do(cli, tmp_path):
     database = tmp_path / "home" / "switchboard.db"
     database.mkdir(parents=True)
@@ -388,6 +402,7 @@ HUGE = "99999999999999999999999"
 
 def test_numbers_out_of_range_are_refused_in_one_line_with_exit_2(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    asyncio.run(recorded_home(tmp_path / "home"))  # a store with no runs: "no run N", not "no store"
     cases = {  # argv: what the last line of stderr says
         ("runs", "show", HUGE): f"switchboard runs: there is no run {HUGE}",
         ("runs", "stop", HUGE): f"switchboard runs: there is no run {HUGE}",
