@@ -106,7 +106,7 @@ def ticket_json(ticket: RunTicket, now: float, *, watched: bool | None) -> dict[
             "description": ticket.approval.description, "deadline": ticket.approval.deadline},
         "stop": None if ticket.stop is None else {"reason": ticket.stop.reason, "kind": ticket.stop.kind,
                                                   "at": ticket.stop.at, "by": ticket.stop.by},
-        "delivery": ticket.delivery.value, "announced": ticket.announced, "watched": watched,
+        "delivery": ticket.delivery.value, "announced": ticket.announced, "watched": watched, "origin": ticket.origin,
     }
 
 
@@ -169,6 +169,8 @@ def _print_show(ticket: RunTicket, receipts: list[SteerReceipt], events: list[Ru
     print(f"  task: {ticket.task}", file=out)
     if ticket.requester_id is not None:
         print(f"  asked by: {ticket.requester_id}", file=out)
+    if ticket.origin:
+        print(f"  started in: voice call {ticket.origin}", file=out)
     if ticket.external_id:
         print(f"  lane id: {ticket.external_id}", file=out)
     if ticket.progress and ticket.active:

@@ -50,6 +50,8 @@ def run_embed(ticket: RunTicket, now: float, *, description_limit: int = 3500) -
     embed.add_field(name="lane", value=ticket.lane, inline=True)
     embed.add_field(name="time", value=took, inline=True)
     embed.add_field(name="asked by", value=f"<@{ticket.requester_id}>" if ticket.requester_id else "—", inline=True)
+    if ticket.origin:
+        embed.add_field(name="started in", value=f"voice call {bounded(ticket.origin, 80)}", inline=True)
     if ticket.error and ticket.output:
         embed.add_field(name="error", value=bounded(ticket.error, FIELD_LIMIT - 2), inline=False)
     if ticket.output_cut:

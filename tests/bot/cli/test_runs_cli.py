@@ -43,7 +43,7 @@ def live_other_process_owner() -> str:
 
 async def test_list_and_show_read_the_store_as_text_and_json(tmp_path):
     async with harness(tmp_path, lanes=("command",), command=agent_command("answer")) as h:
-        await h.service.delegate("summarise the logs", requester_id=4242)
+        await h.service.delegate("summarise the logs", requester_id=4242, origin="call-7")
         await h.delivered(1)
     code, out, err = await cli(tmp_path, "list")
     assert code == 0 and err == ""
@@ -54,9 +54,11 @@ async def test_list_and_show_read_the_store_as_text_and_json(tmp_path):
     code, out, _ = await cli(tmp_path, "show", "1")
     assert code == 0 and "run 1: finished on command" in out and "answer: summarise the logs" in out
     assert "announced in a call" in out and "state: starting -> running" in out
+    assert "  started in: voice call call-7" in out.splitlines()
     code, out, _ = await cli(tmp_path, "show", "1", "--json")
     shown = json.loads(out)
     assert shown["output"].strip() == "answer: summarise the logs" and shown["delivery"] == "delivered"
+    assert shown["origin"] == "call-7"
     assert [e["kind"] for e in shown["events"]][:2] == ["created", "state"]
 
 

@@ -87,6 +87,7 @@ async def test_a_finished_run_is_posted_in_the_runs_channel_and_listed_shown_and
     assert embed["description"] == "answer: audit the auth module"
     fields = {f["name"]: f["value"] for f in embed["fields"]}
     assert fields["asked by"] == f"<@{svc.operator.id}>" and fields["lane"] == "command"
+    assert "started in" not in fields  # delegated outside any call
     (post,) = svc.fake.rest_calls("POST", f"/channels/{svc.fake.text_channel.id}/messages")
     assert post.body["allowed_mentions"] == {"parse": []}  # naming the requester pings nobody
     assert "**1** · finished · command" in listing["embeds"][0]["description"]

@@ -78,6 +78,7 @@ async def test_the_operator_delegates_by_voice_and_the_run_lands_in_the_runs_cha
     assert any(f"user id {r.olive.id}" in text for text in context)
     posted, recap = r.fake.state.messages  # the run's result, then the call's recap
     assert posted["embeds"][0]["title"] == "Run 1: audit the auth module"
+    assert {"name": "started in", "value": f"voice call call-{call['id']}", "inline": True} in posted["embeds"][0]["fields"]
     assert recap["embeds"][0]["title"] == "Call recap"
     recap_fields = {f["name"]: f["value"] for f in recap["embeds"][0]["fields"]}
     assert "/runs show 1" in recap_fields["runs started"] and "Olive" in recap_fields["who spoke"]
