@@ -67,6 +67,7 @@ from tests.support.fake_realtime_replies import (
     silence_pcm16,
     tone_pcm16,
 )
+from tests.support.realtime_schema import prepare as prepare_schema
 
 __all__ = ["FakeRealtime", "AudioReply", "ToolCallReply", "ErrorReply", "DropReply", "RawReply",
            "ReplyContext", "SpeakerTranscripts", "tone_pcm16", "silence_pcm16", "b64", "SAMPLE_RATE",
@@ -119,6 +120,7 @@ class FakeRealtime:
 
     # ---- lifecycle
     async def __aenter__(self) -> "FakeRealtime":
+        prepare_schema()  # ready before its URL is handed out: the first event must not wait for the validators
         self._server = await serve(self._handler, self.host, self.port, process_request=self._process_request)
         port = self._server.sockets[0].getsockname()[1]
         self.url = f"ws://{self.host}:{port}/v1/realtime"

@@ -316,6 +316,12 @@ def _validate(event: Any, which: str) -> None:
         ) from None
 
 
+def prepare() -> None:
+    """Build the validators now (importing `openai` and rebuilding its event unions: seconds of CPU on a
+    busy machine), not inside the first event's check, where a fake server would stall mid-call."""
+    _build()
+
+
 def validate_client_event(event: dict) -> None:
     """Raise SchemaViolation unless ``event`` is a valid GA client event."""
     _validate(event, "client")

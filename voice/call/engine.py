@@ -64,6 +64,8 @@ from voice.call.vad import DetectorBank, EnergyDetector, SpeechDetector, VadBank
 log = logging.getLogger(__name__)
 
 DEFAULT_BACKOFF = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0)
+SETTLE_CHECK_S = 0.05  # how often a finished input's call looks whether it has settled
+SETTLE_MAX_GAP_S = 0.1  # a longer gap between two looks counts as this much quiet (the process was stalled)
 
 
 class CallFailed(RuntimeError):
@@ -388,7 +390,9 @@ class CallEngine:
         self._input_ended.set()
 
     async def _watch_settled(self) -> None:
-        """After the input ends, finish once nothing has been in flight for `settle_s`.
+        """After the input ends, finish once nothing has been in flight for `settle_s`, counted while
+        watching: after a stall of the process (a loaded machine), the provider's events that came
+        meanwhile are read before the call can end, instead of the stall counting as quiet.
 
         `hold_open` (e.g. background runs this call started that have not been announced yet)
         keeps a finished input's call open until it returns False."""
@@ -401,21 +405,25 @@ class CallEngine:
         finally:  # also when the call ends first: no waiter is left pending
             for waiter in waiters:
                 waiter.cancel()
-        quiet_since: float | None = None
+        quiet_for = 0.0
+        seen_quiet: float | None = None  # when the last check found the call quiet
         while True:
             now = self._clock()
             held = self._hold_open is not None and self._hold_open()
             if self.core.idle() and not self.transport.is_playing() and not self._tasks and not held:
-                quiet_since = quiet_since if quiet_since is not None else now
-                if now - quiet_since >= self._settle_s:
+                if seen_quiet is not None:  # quiet is what was watched: a longer gap was a stall of this process,
+                    # and what the provider sent meanwhile may still be unread (a turn the call would end on)
+                    quiet_for += min(now - seen_quiet, SETTLE_MAX_GAP_S)
+                seen_quiet = now
+                if quiet_for >= self._settle_s:
                     close = getattr(self.transport, "close_input", None)
                     if callable(close):
                         close()
                     self._done.set()
                     return
             else:
-                quiet_since = None
-            await self._sleep(0.05)
+                quiet_for, seen_quiet = 0.0, None
+            await self._sleep(SETTLE_CHECK_S)
 
     # -- playback listener (called by the transport, on the loop) ---------------------------------
 

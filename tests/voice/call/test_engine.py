@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from tests.support.clock import VirtualClock
 from tests.support.engine_call import no_wait, running
 from tests.support.fake_realtime import (
     AudioReply,
@@ -22,7 +23,7 @@ from tests.support.fake_realtime import (
 )
 from tests.support.virtual_transport import VirtualTransport
 from voice.call.core import CallOptions
-from voice.call.engine import CallEngine, CallFailed
+from voice.call.engine import SETTLE_CHECK_S, CallEngine, CallFailed
 from voice.call.events import SpeechStopped
 from voice.call.identity import Identity
 from voice.call.providers import OpenAIRealtime
@@ -456,3 +457,39 @@ async def test_an_expired_session_is_replaced_without_a_word_when_no_turn_was_lo
         assert spoken == []  # no "the connection dropped", no apology
         assert call.engine.core.counters["rollovers"] == 1 and call.engine.core.last_error is None
         fake.assert_clean()
+
+
+
+async def next_look(clock: VirtualClock, task: asyncio.Task) -> None:
+    """Until the settle watcher has looked and sleeps again, or the call has ended."""
+    look = asyncio.ensure_future(clock.wait_sleeper(lambda left: 0 < left <= SETTLE_CHECK_S))
+    await asyncio.wait({look, task}, return_when=asyncio.FIRST_COMPLETED)
+    look.cancel()
+
+
+async def test_a_stall_after_the_input_ended_does_not_count_as_quiet():
+    """A process that did not run for a while (a loaded machine) has not watched the call meanwhile:
+    what the provider sent may still be unread. Only watched time counts towards settling."""
+    clock = VirtualClock()
+    async with FakeRealtime([AudioReply("Hello there.", audio_ms=600)]) as fake:
+        transport = VirtualTransport()
+        engine = CallEngine(OpenAIRealtime(KEY, "gpt-realtime-2.1-mini", "marin", url=fake.url), transport,
+                            ToolCatalogue(), Identity("x"), clock=clock, sleep=clock.sleep, settle_s=1.0)
+        task = asyncio.create_task(engine.run())
+        try:
+            await fake.wait_received("session.update")
+            transport.end_input()
+            await next_look(clock, task)  # the input has ended and the call is quiet
+            clock.advance(60.0)  # a minute in which the process never ran
+            await next_look(clock, task)
+            assert not task.done()  # that was no minute of quiet
+            looks = 0
+            while not task.done():
+                clock.advance(SETTLE_CHECK_S)
+                looks += 1
+                await next_look(clock, task)
+                assert looks < 100, "the call never settled"
+        finally:
+            engine.stop()
+            await asyncio.wait_for(task, 5)
+    assert 18 <= looks <= 19  # a second of watched quiet, of which the stall counted a tenth (19: float rounding)
