@@ -459,7 +459,6 @@ async def test_an_expired_session_is_replaced_without_a_word_when_no_turn_was_lo
         fake.assert_clean()
 
 
-
 async def next_look(clock: VirtualClock, task: asyncio.Task) -> None:
     """Until the settle watcher has looked and sleeps again, or the call has ended."""
     look = asyncio.ensure_future(clock.wait_sleeper(lambda left: 0 < left <= SETTLE_CHECK_S))
