@@ -8,9 +8,10 @@ mutating tools go through the operator gate. Leaving stops the engine first (too
 undelivered announcements resolve), then leaves voice. A per-guild lock orders join and leave, so
 a join right after a leave waits for discord.py to let go of the old voice client.
 
-Each call is a row in the store (`voice.call.records`): recorded at join, every transcript line appended
-as a turn in a task of its own (a failing store is logged once per call and never holds up the call),
-`ended` at leave — or `resume` when the process is shutting down (`leave_all(resume=True)`). At the next
+Each call is a row in the store (`voice.call.records`), written by `bot.discord.call_row`: recorded at join,
+every transcript line appended as a turn, the totals (speaking times, usage) as each response or
+transcription is reported (a failing store is logged once per call and never holds up the call), `ended`
+at leave — or `resume` when the process is shutting down (`leave_all(resume=True)`). At the next
 start `join(…, resume=row)` continues such a row (`bot.discord.resume`); a call that ends for good gets its
 wrap-up (`on_ended`: the recap and debrief, `bot.discord.wrap_up`).
 """
@@ -27,6 +28,7 @@ from typing import Any
 
 import discord
 
+from bot.discord.call_row import CallRow, open_row
 from bot.discord.captions import CaptionThread
 from bot.discord.gate import OperatorGate
 from bot.discord.posts import PostError, send
@@ -88,8 +90,7 @@ class GuildCall:
     rejoined: bool = False
     captions: CaptionThread | None = None
     record_id: int | None = None  # its row in voice_calls; None when the store would not take it
-    recording: set[asyncio.Task] = field(default_factory=set)  # turns on their way to the store
-    record_failed: bool = False  # said once per call
+    row: CallRow | None = None  # writes that row as the call goes
     spoken_before: dict[int, int] = field(default_factory=dict)  # ms each person spoke before a restart
     usage_before: CallUsage = NO_USAGE  # what the provider reported before a restart
 
@@ -181,8 +182,10 @@ class CallManager:
                                   addressed=room.addressed, followup_s=room.followup_s,
                                   min_interruption_ms=room.min_interruption_ms, rollover_s=room.rollover_s)
             started_at = resume.started_at if resume is not None else time.time()
-            record_id = await self._record_open(guild.id, channel.id, text_channel_id, requested_by, reply_to,
-                                                captions, started_at, resume)
+            records = self._records_or_none()
+            record_id = None if records is None else await open_row(
+                records, guild_id=guild.id, channel_id=channel.id, text_channel_id=text_channel_id,
+                requested_by=requested_by, mode=reply_to, captions=captions, started_at=started_at, resume=resume)
             # the call's id outlives the process with its row: runs it started are found by it in the recap
             call_id = f"call-{record_id}" if record_id is not None else f"g{guild.id}-{int(started_at)}"
             info = CallInfo(call_id, guild.id, channel.id)
@@ -191,7 +194,8 @@ class CallManager:
                        for t in resume.turns] if resume is not None else []
             engine = CallEngine(provider, transport, catalogue, self._identity(memory), options=options, call=info,
                                 vad_name=self._vad.name, history=history,
-                                on_transcript=lambda line, g=guild: self._heard(g, line))
+                                on_transcript=lambda line, g=guild: self._heard(g, line),
+                                on_usage=lambda _total, g=guild.id: self._usage_reported(g))
             voice.play(transport.source)
             detach = runs.attach(engine)
             task = asyncio.create_task(engine.run(), name=f"call-{guild.id}")
@@ -200,6 +204,8 @@ class CallManager:
                              record_id=record_id,
                              spoken_before=dict(resume.spoken_ms) if resume is not None else {},
                              usage_before=resume.usage if resume is not None else NO_USAGE)
+            if records is not None and record_id is not None:
+                call.row = CallRow(records, record_id, lambda c=call: (c.spoken_ms(), c.usage()), call_id=call_id)
             self._calls[guild.id] = call
             if captions:
                 await self._start_captions(guild, call, channel)
@@ -252,15 +258,18 @@ class CallManager:
         if call is None:
             return
         name = line.name or (_display_name(guild, line.speaker) if line.speaker is not None else None)
-        if call.record_id is not None:
+        if call.row is not None:
             shown = (name or "someone") if line.role == "user" else self.room.agent_name
-            task = asyncio.get_running_loop().create_task(
-                self._record_turn(call, line.role, line.speaker, shown, line.text, time.time()),
-                name=f"call-record-{guild.id}")
-            call.recording.add(task)
-            task.add_done_callback(call.recording.discard)
+            call.row.add_turn(line.role, line.speaker, shown, line.text, time.time())
         if call.captions is not None:
             call.captions.add(line.role, name or "someone", line.text)
+
+    def _usage_reported(self, guild_id: int) -> None:
+        """The provider reported a response's or a transcription's usage: to the call's row at once, so a
+        crash right after an answer loses none of it."""
+        call = self._calls.get(guild_id)
+        if call is not None and call.row is not None:
+            call.row.totals_changed()
 
     def ended_elsewhere(self, record_id: int) -> None:
         """A call this process never held has ended (its row says so): its wrap-up (recap, debrief)."""
@@ -273,60 +282,8 @@ class CallManager:
     def _records_or_none(self) -> CallRecords | None:
         return self._records() if self._records is not None else None
 
-    async def _record_open(self, guild_id: int, channel_id: int, text_channel_id: int | None,
-                           requested_by: int | None, mode: str, captions: bool, started_at: float,
-                           resume: CallRecord | None) -> int | None:
-        """The call's row: the resumed one made live again, else a new one; None when the store would not
-        take it (the call goes on unrecorded, logged once)."""
-        records = self._records_or_none()
-        if records is None:
-            return None
-        try:
-            if resume is not None and await records.mark_live(resume.id):
-                return resume.id
-            return await records.start(guild_id=guild_id, voice_channel_id=channel_id,
-                                       text_channel_id=text_channel_id, started_by=requested_by, mode=mode,
-                                       captions=captions, at=started_at)
-        except Exception as exc:
-            log.warning("guild %s: could not record the call in the store (the call goes on): %s", guild_id, exc)
-            return None
-
     def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task:
         return self._tasks.spawn(coro, name)
-
-    async def _record_turn(self, call: GuildCall, role: str, speaker: int | None, name: str, text: str,
-                           at: float) -> None:
-        records = self._records_or_none()
-        if records is None or call.record_id is None:
-            return
-        try:
-            await records.add_turn(call.record_id, role, speaker, name, text, at)
-            if role == "user":
-                await records.set_totals(call.record_id, call.spoken_ms(), call.usage())
-        except Exception as exc:
-            self._record_failure(call, exc)
-
-    async def _record_end(self, call: GuildCall, reason: str, *, resume: bool) -> None:
-        """After the call's last turns: `ended` with why, or `resume` (the process is stopping)."""
-        records = self._records_or_none()
-        if records is None or call.record_id is None:
-            return
-        if call.recording:
-            await asyncio.wait(set(call.recording), timeout=LEAVE_TIMEOUT_S)
-        try:
-            await records.set_totals(call.record_id, call.spoken_ms(), call.usage())
-            if resume:
-                await records.mark_resume(call.record_id)
-            else:
-                await records.end(call.record_id, reason, time.time())
-        except Exception as exc:
-            self._record_failure(call, exc)
-
-    def _record_failure(self, call: GuildCall, exc: Exception) -> None:
-        if not call.record_failed:
-            call.record_failed = True
-            log.warning("call %s: could not record it in the store (the call goes on): %s",
-                        call.engine.call.call_id, exc)
 
     def set_mode(self, guild_id: int, mode: str) -> str:
         """`/talk mode`: answer everyone, or only turns addressed to the assistant, in this call."""
@@ -380,7 +337,8 @@ class CallManager:
             pass
         except Exception:
             log.exception("call in guild %s ended with an error", guild_id)
-        await self._record_end(call, reason, resume=resume)
+        if call.row is not None:  # after the call's last turns: `ended` with why, or `resume` (stopping)
+            await call.row.close(reason, resume=resume)
         call.voice.stop()
         try:
             await asyncio.wait_for(call.voice.disconnect(force=True), LEAVE_TIMEOUT_S)

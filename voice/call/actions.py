@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from voice.call.attribution import Attribution
 from voice.call.turn_record import TurnRecord
+from voice.call.usage import CallUsage
 
 
 @dataclass(frozen=True)
@@ -115,5 +116,13 @@ class RecordTurn:
     record: TurnRecord
 
 
+@dataclass(frozen=True)
+class RecordUsage:
+    """The provider reported a response's or a transcription's usage: `total` is the call's new total,
+    for the shell to keep (a Discord call writes it to its row at once)."""
+
+    total: CallUsage
+
+
 Action = (Send | PlayAudio | FinishItem | StopPlayback | PausePlayback | ResumePlayback | RunTool | ShowTranscript | AnnouncementResult
-          | Notice | RecordTurn | OpenNextSession | SendNext | SwapSession)
+          | Notice | RecordTurn | RecordUsage | OpenNextSession | SendNext | SwapSession)

@@ -38,6 +38,7 @@ from voice.call.actions import (
     PlayAudio,
     PlaybackPosition,
     RecordTurn,
+    RecordUsage,
     ResumePlayback,
     RunTool,
     Send,
@@ -822,7 +823,7 @@ class CallCore:
 
     def _on_usage(self, event: ev.UsageReported, now: float) -> list[Action]:
         self.usage = self.usage + event.usage
-        return []
+        return [RecordUsage(self.usage)]
 
     def _settle(self, announcement: Announcement | None, spoken: bool) -> list[Action]:
         if announcement is None or (not spoken and self.floor.retry_announcement(announcement)):
@@ -1033,6 +1034,6 @@ _HANDLERS = {
 
 __all__ = [
     "Action", "AnnouncementResult", "CallCore", "CallOptions", "CallState", "FinishItem", "HistoryTurn", "InvalidState",
-    "Notice", "OpenNextSession", "PausePlayback", "PlayAudio", "PlaybackPosition", "RecordTurn", "ResumePlayback",
-    "RunTool", "Send", "SendNext", "ShowTranscript", "StopPlayback", "SwapSession",
+    "Notice", "OpenNextSession", "PausePlayback", "PlayAudio", "PlaybackPosition", "RecordTurn", "RecordUsage",
+    "ResumePlayback", "RunTool", "Send", "SendNext", "ShowTranscript", "StopPlayback", "SwapSession",
 ]

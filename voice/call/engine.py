@@ -44,6 +44,7 @@ from voice.call.core import (
     PausePlayback,
     PlayAudio,
     RecordTurn,
+    RecordUsage,
     ResumePlayback,
     RunTool,
     Send,
@@ -104,6 +105,7 @@ class CallEngine:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         backoff: tuple[float, ...] = DEFAULT_BACKOFF,
         on_transcript: Callable[[ShowTranscript], None] | None = None,
+        on_usage: Callable[[CallUsage], None] | None = None,
         settle_s: float | None = None,
         call: CallInfo | None = None,
         hold_open: Callable[[], bool] | None = None,
@@ -134,6 +136,7 @@ class CallEngine:
         self._sleep = sleep
         self._backoff = backoff
         self._on_transcript = on_transcript
+        self._on_usage = on_usage  # each new usage total, as the provider reports it
         silence = self.options.vad.silence_ms / 1000
         self._settle_s = settle_s if settle_s is not None else silence + 0.8
         self._hold_open = hold_open
@@ -489,6 +492,9 @@ class CallEngine:
                     future.set_result(action.delivered)
             elif isinstance(action, RecordTurn):
                 self.telemetry.record(action.record)
+            elif isinstance(action, RecordUsage):
+                if self._on_usage is not None:
+                    self._on_usage(action.total)
             elif isinstance(action, Notice):
                 level = {"info": logging.INFO, "warning": logging.WARNING}.get(action.level, logging.ERROR)
                 self.log.log(level, "%s", action.text)

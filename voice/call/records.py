@@ -11,8 +11,8 @@ A call is one `voice_calls` row from join to leave, in one of three states:
 immutable id, their display name as shown: untrusted), the transcription or the assistant's words —
 text only, never audio; the oldest go in the same transaction that adds a newer one.
 `voice_call_speakers` keeps how long each person has spoken in the call so far, and `voice_calls.usage`
-what the provider reported (`CallUsage` as JSON) — both written with each person's turn and at the end,
-so a recap after a restart still counts what came before it.
+what the provider reported (`CallUsage` as JSON) — both written with each person's turn, as usage is
+reported, and at the end (`bot.discord.call_row`), so a recap after a restart still counts what came before it.
 """
 
 from __future__ import annotations

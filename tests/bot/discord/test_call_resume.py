@@ -4,6 +4,8 @@ and keeps one row for the call; a channel emptied meanwhile is not rejoined and 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from bot.discord.calls import BACK_NOTICE
@@ -21,6 +23,7 @@ from tests.support.fake_hermes import FakeHermes
 from tests.support.fake_realtime import AudioReply, ToolCallReply
 from tests.support.fake_text_model import FakeTextModel
 from tests.support.runs import KEY as HERMES_KEY
+from voice.call.usage import NO_USAGE, CallUsage
 
 pytestmark = real_time("resume")
 ASKED = "my team meets every thursday in room four"
@@ -66,6 +69,22 @@ def texts(events: list[dict]) -> list[tuple[str, str]]:
             if e.get("type") == "conversation.item.create" and e["item"]["type"] == "message"]
 
 
+def reported(realtime) -> CallUsage:
+    """Everything the fake reported the calls used (each answer's and transcription's usage), over every
+    session and every process."""
+    total = NO_USAGE
+    for e in realtime.sent:
+        if e.get("type") == "response.done" and e["response"].get("usage"):
+            total = total.add_response(e["response"]["usage"])
+        elif e.get("type") == "conversation.item.input_audio_transcription.completed" and e.get("usage"):
+            total = total.add_transcription(e["usage"])
+    return total
+
+
+def row_usage(call: dict) -> CallUsage:
+    return CallUsage.from_json(json.loads(call["usage"])) if call["usage"] else NO_USAGE
+
+
 def back_asked(realtime) -> int:
     return sum(1 for e in realtime.received if e.get("type") == "response.create"
                and BACK_NOTICE in str((e.get("response") or {}).get("instructions") or ""))
@@ -82,6 +101,8 @@ async def test_a_killed_bot_rejoins_its_call_with_the_earlier_turns_and_a_stoppe
         (call,) = await r.recorded(lambda calls: calls and ("assistant", None, "Done.") in calls[0]["turns"]
                                    and calls[0]["spoken"])
         before = call["spoken"][r.olive.id]  # ms olive spoke before the crash: more than the "yes" below
+        # before the kill, the row holds what the provider reported so far, the answer's usage included
+        await r.recorded(lambda calls: row_usage(calls[0]).responses and row_usage(calls[0]) == reported(r.realtime))
 
         await r.kill()  # a crash: nothing is left, nothing marked
         assert r.calls()[0]["state"] == "live"
@@ -93,6 +114,11 @@ async def test_a_killed_bot_rejoins_its_call_with_the_earlier_turns_and_a_stoppe
         who = restored[restored.index(("user", ASKED)) - 1]
         assert who[0] == "system" and f"user id {r.olive.id}" in who[1]  # with who said them
         await r.fake.journal.wait_for(lambda: r.fake.hear_bot(r.olive)[0], WAIT_S)  # it spoke in the channel
+        # "I'm back" is an answer no person's turn follows: its usage reaches the row as it is reported
+        await r.recorded(lambda calls: row_usage(calls[0]) == reported(r.realtime))
+        status = await r.command("talk status", r.olive)
+        usage = {f["name"]: f["value"] for f in status["embeds"][0]["fields"]}["usage"]
+        assert usage == reported(r.realtime).describe()  # what came before the crash, and since
 
         await say(r, r.olive, text="yes")  # the call goes on in the same row (a shorter sentence than before)
         await r.recorded(lambda calls: ("user", r.olive.id, ASKED_AFTER) in calls[0]["turns"]

@@ -38,7 +38,7 @@ KEY = "sk-test-NEVER-PRINT-THIS-0123456789"
 
 @asynccontextmanager
 async def live_call(fake: FakeRealtime, *, tools: tuple[Tool, ...] = (), endpointing: str = "server",
-                    autoplay: bool = True, backoff=(0.0, 0.0, 0.0), answer_wait_s: float = 1.5):
+                    autoplay: bool = True, backoff=(0.0, 0.0, 0.0), answer_wait_s: float = 1.5, on_usage=None):
     transport = VirtualTransport(autoplay=autoplay)
     catalogue = ToolCatalogue()
     for tool in tools:
@@ -46,7 +46,7 @@ async def live_call(fake: FakeRealtime, *, tools: tuple[Tool, ...] = (), endpoin
     provider = OpenAIRealtime(KEY, "gpt-realtime-2.1-mini", "marin", url=fake.url)
     identity = Identity("You are a test assistant.", sections={"persona": 12})
     engine = CallEngine(provider, transport, catalogue, identity, options=CallOptions(endpointing=endpointing, answer_wait_s=answer_wait_s),
-                        sleep=no_wait, backoff=backoff,
+                        sleep=no_wait, backoff=backoff, on_usage=on_usage,
                         detector=EnergyDetector() if endpointing == "local" else None)  # say() is a tone, not speech
     async with running(fake, transport, engine) as call:
         yield call
@@ -221,8 +221,9 @@ def reported(fake: FakeRealtime) -> list[dict]:
 
 async def test_two_answers_usage_and_their_transcriptions_sum_into_the_calls_usage():
     script = [AudioReply("First answer.", audio_ms=600), AudioReply("Second answer.", audio_ms=400)]
+    totals = []  # what the engine handed its shell, one total per report (a Discord call writes each to its row)
     async with FakeRealtime(script, user_transcripts=["one", "two"]) as fake:
-        async with live_call(fake) as call:
+        async with live_call(fake, on_usage=totals.append) as call:
             call.say()
             await fake.wait_for(lambda: call.engine.usage.responses == 1)
             call.say()
@@ -237,6 +238,8 @@ async def test_two_answers_usage_and_their_transcriptions_sum_into_the_calls_usa
         assert usage.cached_tokens == second["input_token_details"]["cached_tokens"] > 0  # the first saw nothing cached
         assert usage.transcription_input == heard_one["input_tokens"] + heard_two["input_tokens"] > 0
         assert status["usage"] == usage.to_json() and status["usage"]["responses"] == 2
+        assert len(totals) == 4 and totals[-1] == usage  # each report handed on as it came, the last the whole
+        assert [t.responses + t.transcriptions for t in totals] == [1, 2, 3, 4]
         fake.assert_clean()
 
 

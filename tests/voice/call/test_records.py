@@ -80,6 +80,8 @@ async def test_ended_resume_and_live_calls(store: Store):
     await records.end(left, "nobody in the channel", 10.0)
     assert await records.mark_resume(deploy)
     assert not await records.mark_resume(left)  # an ended call stays ended
+    assert not await records.mark_live(left) and (await records.get(left)).state == "ended"  # never revived
+    assert await records.mark_live(crash)  # rejoining a live (crashed) call keeps it live
     live = await records.live()
     assert [(c.id, c.state, c.ended_at) for c in live] == [(deploy, "resume", None), (crash, "live", None)]
     assert [c.id for c in await records.live(guild_id=3)] == [crash]

@@ -10,6 +10,7 @@ import pytest
 
 from tests.support.call_core import make_core
 from voice.call import events as ev
+from voice.call.actions import RecordUsage
 from voice.call.providers.openai_ga import parse_ga_event
 from voice.call.usage import NO_USAGE, CallUsage
 
@@ -110,13 +111,15 @@ def test_the_ga_translation_reports_usage_beside_the_response_and_the_transcript
         assert [type(e) for e in only] == [ev.ResponseDone]
 
 
-def test_the_core_sums_usage_over_the_call_and_across_a_reconnect():
+def test_the_core_sums_usage_over_the_call_and_across_a_reconnect_and_hands_on_each_new_total():
     core, _ = make_core()
-    core.on_provider(ev.UsageReported(NO_USAGE.add_response(GA_RESPONSE)))
+    answer = NO_USAGE.add_response(GA_RESPONSE)
+    assert core.on_provider(ev.UsageReported(answer)) == [RecordUsage(answer)]  # kept at once, not at the next turn
     core.on_disconnect(1.0)
     core.on_reconnected(2.0)
-    assert core.on_provider(ev.UsageReported(NO_USAGE.add_transcription(TOKENS)), 3.0) == []
-    assert core.usage == NO_USAGE.add_response(GA_RESPONSE).add_transcription(TOKENS)
+    both = answer.add_transcription(TOKENS)
+    assert core.on_provider(ev.UsageReported(NO_USAGE.add_transcription(TOKENS)), 3.0) == [RecordUsage(both)]
+    assert core.usage == both
     core.end(4.0)
     core.on_provider(ev.UsageReported(NO_USAGE.add_response(GA_RESPONSE)), 5.0)  # after the end: not counted
     assert core.usage.responses == 1
