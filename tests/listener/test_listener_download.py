@@ -588,6 +588,13 @@ async def test_size_cap_admits_exactly_the_limit(tls_server, client_ctx):
     assert await fetch(tls_server, client_ctx, max_bytes=3000) == b"y" * 3000
 
 
+async def test_an_undeclared_body_one_byte_over_the_cap_is_refused_at_the_chunk_that_crosses_it(tls_server, client_ctx):
+    tls_server.reply = ok(b"y" * 3001, declared=False)  # 1000-byte chunks, then the one byte over
+    with pytest.raises(TranscriptDownloadError, match="larger than 3000 bytes") as exc:
+        await fetch(tls_server, client_ctx, max_bytes=3000)
+    assert_clean(exc.value)
+
+
 async def test_certificate_for_another_name_is_rejected(pki, tmp_path, client_ctx):
     server = Server()
     await server.start("127.0.0.1", _server_ctx(pki.other, tmp_path, server.sni))

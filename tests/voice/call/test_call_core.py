@@ -91,6 +91,19 @@ def test_announcement_cut_off_by_barge_in_is_retried_then_delivered():
     assert AnnouncementResult(7, True) in done
 
 
+def test_an_announcement_in_flight_when_the_socket_drops_is_asked_again_on_the_new_one_and_delivered():
+    core, _ = make_core()
+    assert types(core.announce(7, "build is green", 0.0)) == ["response.create"]
+    core.on_disconnect(0.1)  # before its response.created: the request went with the socket, not the announcement
+    notice = core.on_reconnected(0.5)  # first the call hears that the line dropped ...
+    assert RECONNECTED_NOTICE in sent(notice)[-1]["response"]["instructions"]
+    created(core, "r2", notice)
+    again = core.on_provider(ev.ResponseDone("r2", "completed"), 1.0)  # ... then the announcement, again
+    assert types(again) == ["response.create"] and "build is green" in sent(again)[0]["response"]["instructions"]
+    created(core, "r3", again)
+    assert AnnouncementResult(7, True) in core.on_provider(ev.ResponseDone("r3", "completed"), 1.5)
+
+
 def test_announcements_pending_at_the_end_are_reported_undelivered():
     core, speaker = make_core()
     speaker.playing = True  # the assistant is talking: the announcement must wait
