@@ -165,13 +165,6 @@ class SpeakerTurns:
         if utterance in self.queue:
             self.queue.remove(utterance)
 
-    def forget(self, user_id: int) -> None:
-        """The member left: their VAD state goes; an utterance under way ends where it is."""
-        member = self._members.pop(user_id, None)
-        if member is not None and member.utterance is not None:
-            member.utterance.ended_at = member.utterance.last_voice_at or member.utterance.started_at
-            self.speaking.pop(user_id, None)
-
     def reset_sent(self) -> None:
         """The provider's input buffer is gone (a new socket): nothing queued is in it any more."""
         for utterance in self.queue:

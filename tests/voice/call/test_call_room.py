@@ -107,6 +107,19 @@ def test_two_people_talking_over_each_other_are_two_turns_each_naming_exactly_on
     assert origin_of(second) == frozenset({BOB})
 
 
+def test_the_speaker_context_names_the_committed_speaker_while_another_still_talks():
+    core, _ = room()
+    clock = VirtualClock()
+    names = {ALICE: "Alice", BOB: "Bob"}
+    # Alice talks for 400 ms; Bob starts 200 ms before she stops and talks on long after her turn ends.
+    out = play(core, clock, [{ALICE}] * 10 + [{ALICE, BOB}] * 10 + [{BOB}] * 40, names)
+    assert kinds(out).count("input_audio_buffer.commit") == 1 and core.speakers.speaking.keys() == {BOB}
+    (context,) = [e["item"]["content"][0]["text"] for e in sent(out) if e["type"] == "conversation.item.create"]
+    assert context_ids(out) == [ALICE] and '"Alice"' in context and "Bob" not in context
+    out = answer(core, "r1", out, clock) + play(core, clock, quiet(), names)  # Bob's turn, once he stops
+    assert context_ids(out) == [BOB] and '"Bob"' in str(sent(out))
+
+
 def test_the_first_speaker_streams_live_and_an_overlapping_speaker_is_buffered_whole_until_their_turn():
     core, _ = room()
     clock = VirtualClock()
@@ -253,6 +266,19 @@ def test_addressed_mode_answers_the_same_speaker_continuing_soon_after_and_nobod
     play(core, clock, [{BOB}] * 20 + quiet())
     assert not creates(committed(core, "i4", "and the day after?", clock))  # too long after
     assert core.counters["followups"] == 1 and core.counters["addressed"] == 1
+
+
+def test_addressed_mode_counts_the_follow_up_window_from_the_answer_after_a_slow_tool_not_the_first_answer():
+    core, _ = addressed_room(followup_s=15.0)
+    clock = VirtualClock()
+    play(core, clock, [{BOB}] * 20 + quiet())
+    answer(core, "r1", committed(core, "i1", "Ares, run the audit", clock), clock, tool=True)  # "on it" + a tool
+    clock.now += 20  # the tool takes 20 s; its answer is the last thing Bob heard
+    answer(core, "r2", core.on_tool_result("r1_c", '"three gaps"', clock.now), clock)
+    clock.now += 8
+    play(core, clock, [{BOB}] * 20 + quiet())
+    assert creates(committed(core, "i2", "which one first?", clock))  # 8 s after that answer, 29 s after the first
+    assert core.counters["followups"] == 1
 
 
 def test_addressed_mode_leaves_a_turn_unanswered_when_its_words_never_come_and_moves_on():
