@@ -8,7 +8,8 @@
    channel — `CallManager.join(…, resume=row)`: the same row, mode and captions, a new provider session
    that starts with the recent turns and their speakers, "I'm back" said once. Otherwise the row is ended
    with why (channel gone, nobody there, a new call already started there, joining failed) and the call
-   gets its wrap-up (recap, debrief).
+   gets its wrap-up (recap, debrief) — unless its row had ended meanwhile (another process ended it: the
+   wrap-up is that process's).
 3. `end_unresumable`, once every server READY listed has come: the calls of servers that did not are ended.
 
 The runs service holds finished runs until after step 3, so a run that finished while the process was
@@ -90,7 +91,9 @@ class CallResumer:
 
     async def _end(self, record: CallRecord, why: str) -> bool:
         try:
-            await self._records().end(record.id, why, time.time())
+            if not await self._records().end(record.id, why, time.time()):
+                log.info("call-%s: had ended already (another process ended it)", record.id)
+                return False  # its wrap-up is that process's
         except Exception as exc:
             log.warning("call-%s: could not end its row: %s", record.id, exc)
             return False
