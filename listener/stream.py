@@ -219,7 +219,8 @@ class StreamStats:
     """Counters for `doctor`/status. `reconnects`: successful connections after the first;
     `ignored`: unknown types and non-object JSON; `malformed`: not JSON; `oversized`: connections
     closed with 1009; `acks_lost`: a handler finished after its connection had closed; `dropped`:
-    events refused because `max_pending` deliveries were waiting (the server redelivers them)."""
+    events refused because `max_pending` deliveries were waiting (the server redelivers them); `lag_s`:
+    how long the oldest event taken and not yet acked (or given up) has waited, by the injected clock."""
 
     connects: int = 0
     reconnects: int = 0
@@ -234,6 +235,7 @@ class StreamStats:
     dropped: int = 0
     connected: bool = False
     in_flight: int = 0
+    lag_s: float = 0.0
     last_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -295,7 +297,7 @@ class StreamClient:
         self._ws: Any = None
         self._jobs: dict[str, asyncio.Task] = {}  # event_id -> running handler (redelivery dedupe)
         self._handlers: set[asyncio.Task] = set()
-        self._deliveries: set[asyncio.Task] = set()
+        self._deliveries: dict[asyncio.Task, float] = {}  # ack on its way -> when its event was taken
         self._last_key: str | None = None
 
     # -- public ------------------------------------------------------------------------------------
@@ -303,7 +305,9 @@ class StreamClient:
     @property
     def stats(self) -> StreamStats:
         """A snapshot of the counters."""
-        return dataclasses.replace(self._stats, in_flight=len(self._handlers))
+        oldest = min(self._deliveries.values(), default=None)
+        lag = max(0.0, self._clock() - oldest) if oldest is not None else 0.0
+        return dataclasses.replace(self._stats, in_flight=len(self._handlers), lag_s=lag)
 
     @property
     def running(self) -> bool:
@@ -518,8 +522,8 @@ class StreamClient:
         else:
             self._log.info("stream: event %s redelivered while still being handled; acking its result", _short(dedupe))
         delivery = asyncio.create_task(self._deliver(ws, event, job))
-        self._deliveries.add(delivery)
-        delivery.add_done_callback(self._deliveries.discard)
+        self._deliveries[delivery] = self._clock()
+        delivery.add_done_callback(lambda t: self._deliveries.pop(t, None))
 
     def _failure(self, event: dict, name: str) -> dict:
         return {
