@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bot.fleet.http import MAX_HEAD_BYTES, EndpointError, HealthEndpoint, serving
 from bot.fleet.metrics import NAMES, RUN_STATES, Metrics, Reading
 from bot.fleet.readiness import Readiness
+from tests.support.runs import free_port
 
 READING = Reading(ready=True, voice_calls=2, shards_held=1, turns_committed=7, late_ticks=3, frames_shed=5,
                   provider_reconnects=1, provider_rollovers=4, runs={"running": 2, "completed": 9},
@@ -31,12 +32,6 @@ async def endpoint(readiness: Readiness | None = None, reading: Reading = READIN
         host, port = server.sockets[0].getsockname()[:2]
         async with httpx.AsyncClient(base_url=f"http://{host}:{port}") as client:
             yield ep, client, (host, port)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def raw(address: tuple[str, int], request: bytes) -> bytes:
