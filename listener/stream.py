@@ -220,7 +220,8 @@ class StreamStats:
     `ignored`: unknown types and non-object JSON; `malformed`: not JSON; `oversized`: connections
     closed with 1009; `acks_lost`: a handler finished after its connection had closed; `dropped`:
     events refused because `max_pending` deliveries were waiting (the server redelivers them); `lag_s`:
-    how long the oldest event taken and not yet acked (or given up) has waited, by the injected clock."""
+    how long the oldest event still being handled (or waiting for a handler) has waited, by the
+    injected clock (0 when none is)."""
 
     connects: int = 0
     reconnects: int = 0
@@ -297,7 +298,8 @@ class StreamClient:
         self._ws: Any = None
         self._jobs: dict[str, asyncio.Task] = {}  # event_id -> running handler (redelivery dedupe)
         self._handlers: set[asyncio.Task] = set()
-        self._deliveries: dict[asyncio.Task, float] = {}  # ack on its way -> when its event was taken
+        self._taken_at: dict[asyncio.Task, float] = {}  # handler -> when its event was taken (the lag)
+        self._deliveries: set[asyncio.Task] = set()
         self._last_key: str | None = None
 
     # -- public ------------------------------------------------------------------------------------
@@ -305,7 +307,7 @@ class StreamClient:
     @property
     def stats(self) -> StreamStats:
         """A snapshot of the counters."""
-        oldest = min(self._deliveries.values(), default=None)
+        oldest = min((at for job, at in self._taken_at.items() if not job.done()), default=None)
         lag = max(0.0, self._clock() - oldest) if oldest is not None else 0.0
         return dataclasses.replace(self._stats, in_flight=len(self._handlers), lag_s=lag)
 
@@ -515,15 +517,17 @@ class StreamClient:
         if job is None:
             job = asyncio.create_task(self._run_handler(event))
             self._handlers.add(job)
+            self._taken_at[job] = self._clock()
             job.add_done_callback(self._handlers.discard)
+            job.add_done_callback(lambda t: self._taken_at.pop(t, None))
             if dedupe:
                 self._jobs[dedupe] = job
                 job.add_done_callback(lambda t, k=dedupe: self._jobs.pop(k) if self._jobs.get(k) is t else None)
         else:
             self._log.info("stream: event %s redelivered while still being handled; acking its result", _short(dedupe))
         delivery = asyncio.create_task(self._deliver(ws, event, job))
-        self._deliveries[delivery] = self._clock()
-        delivery.add_done_callback(lambda t: self._deliveries.pop(t, None))
+        self._deliveries.add(delivery)
+        delivery.add_done_callback(self._deliveries.discard)
 
     def _failure(self, event: dict, name: str) -> dict:
         return {

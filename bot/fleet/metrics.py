@@ -68,7 +68,7 @@ _SIMPLE = (
 )
 RUNS = ("switchboard_runs", "background runs in the store, by state (every process sharing the store sees the same)")
 LISTENER_LAG = ("switchboard_listener_lag_seconds",
-                "how long the oldest Smartnumbers event taken and not yet acknowledged has waited (0: none)")
+                "how long the oldest Smartnumbers event still being handled has waited (0: none)")
 NAMES = (*(name for name, *_ in _SIMPLE), RUNS[0], LISTENER_LAG[0])
 
 
