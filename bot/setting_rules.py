@@ -123,6 +123,8 @@ def bind_address(value: Any) -> tuple[str, int]:
     """`host:port` to listen on: an IPv4 address, a bracketed IPv6 address or a host name, and a port
     from 1 to 65535 (0, "any free port", would hide where the endpoints are)."""
     text = str(value).strip()
+    if "/" in text:
+        raise ValueError(f"is a URL or a path, not host:port; write only the address, {ADDRESS_EXAMPLE}")
     if text.startswith("["):
         host, bracket, rest = text[1:].partition("]")
         port = rest[1:] if bracket and rest.startswith(":") else ""
