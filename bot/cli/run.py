@@ -21,10 +21,9 @@ import discord
 from bot.cli.args import EXIT_USAGE, serve_unless
 from bot.discord.client import SwitchboardBot
 from bot.discord.phone_cards import DiscordPoster
-from bot.fleet.http import EndpointError, HealthEndpoint, serving
-from bot.fleet.metrics import Metrics
+from bot.fleet.http import EndpointError
 from bot.fleet.readiness import Readiness
-from bot.fleet.readings import ProcessParts
+from bot.fleet.readings import ProcessParts, serve_endpoints
 from bot.phone.delivery import ListenerDelivery
 from bot.phone.listener import KeySource, listener_problem
 from bot.services import Services, build_services, stop_on_signals
@@ -75,7 +74,7 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
             bot.attach(services)
             parts = ProcessParts(readiness, services.runs, bot.calls,
                                  gateway_up=lambda: bot.connected.is_set() and not bot.is_closed())
-            async with serving(settings.http_addr, HealthEndpoint(readiness, Metrics(parts.read))):
+            async with serve_endpoints(settings.http_addr, parts):
                 with stop_on_signals(stopping):
                     return await _serve(bot, services, stopping, listener_key, parts)
     except (StoreError, EndpointError) as exc:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import ipaddress
 import logging
 import re
 import socket
@@ -147,6 +148,23 @@ async def serving(address: tuple[str, int] | None, endpoint: HealthEndpoint) -> 
     finally:
         server.close()
         await server.wait_closed()
+
+
+def describe(address: tuple[str, int] | None) -> str:
+    """What `doctor` says about SWITCHBOARD_HTTP_ADDR."""
+    if address is None:
+        return "off: SWITCHBOARD_HTTP_ADDR is not set (no /healthz, /readyz or /metrics)"
+    where = f"http://{show_address(address)}: /healthz, /readyz and /metrics while `switchboard run` or `listen` runs"
+    if address[0] == "localhost" or _loopback(address[0]):
+        return where
+    return where + " (reachable from other machines: they answer no secrets; firewall the port as you see fit)"
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _why(exc: OSError) -> str:

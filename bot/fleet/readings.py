@@ -15,10 +15,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
 
 from bot.discord.calls import CallManager
-from bot.fleet.metrics import Reading
+from bot.fleet.http import HealthEndpoint, serving
+from bot.fleet.metrics import Metrics, Reading
 from bot.fleet.readiness import Readiness
 from bot.phone.listener import Listener
 from runs import RunService
@@ -45,7 +47,7 @@ class ProcessParts:
             shards_held=1 if self.gateway_up() else 0, turns_committed=counts["turns"],
             late_ticks=counts["late_ticks"], frames_shed=counts["frames_shed"],
             provider_reconnects=counts["reconnects"], provider_rollovers=counts["rollovers"],
-            runs=await self._runs(), listener_lag_s=stream.stats.lag_s if stream is not None and stream.running else None)
+            runs=await self._runs(), listener_lag_s=stream.stats.lag_s if stream is not None else None)
 
     async def _runs(self) -> dict[str, int] | None:
         try:
@@ -57,3 +59,9 @@ class ProcessParts:
             return None
         self._store_failed = False
         return counted
+
+
+def serve_endpoints(address: tuple[str, int] | None, parts: ProcessParts) -> AbstractAsyncContextManager:
+    """`/healthz`, `/readyz` and `/metrics` for `parts` on SWITCHBOARD_HTTP_ADDR (None: off) until the block
+    ends; raises `bot.fleet.http.EndpointError` (one line) when the address cannot be had."""
+    return serving(address, HealthEndpoint(parts.readiness, Metrics(parts.read)))

@@ -1,7 +1,8 @@
-"""`switchboard run` (in this process, real discord.py on the fake Discord) with SWITCHBOARD_HTTP_ADDR:
-503 while it cannot reach the gateway, 200 once connected, 503 again from the moment it starts to
-shut down (asked from a drain step, which runs while the process is still up), and one line and exit 2
-for an address it cannot have."""
+"""`switchboard run` (in this process, real discord.py on the fake Discord) and `switchboard listen` (on
+the fake Smartnumbers stream) with SWITCHBOARD_HTTP_ADDR: 503 while run cannot reach the gateway, 200
+once connected (listen: once listening), 503 again from the moment either starts to shut down (asked
+from a drain step, which runs while the process is still up), and one line and exit 2 for an address
+it cannot have."""
 
 from __future__ import annotations
 
@@ -11,13 +12,18 @@ import socket
 
 import pytest
 
+from bot.cli.listen import serve as listen
 from bot.cli.run import serve
 from bot.fleet.readiness import Readiness
+from bot.settings import check_settings
 from tests.support.cli import switchboard
 from tests.support.discord_service import OPENAI_KEY, service, settings_for
 from tests.support.fake_discord import FakeDiscord, point_discord_py
+from tests.support.fake_smartnumbers import FakeSmartnumbers
 from tests.support.health import loopback_address, metric_values, probe
 from tests.support.runs import SAFETY_S
+
+LISTENER_KEY = "sn-key-NEVER-SHOWN"
 
 
 def answers_while_draining(readiness: Readiness, base: str) -> dict[str, tuple[int, str]]:
@@ -117,3 +123,29 @@ async def test_a_malformed_address_stops_run_with_the_settings_line_and_exit_2(t
     assert code == 2
     assert "SWITCHBOARD_HTTP_ADDR='9464': is not host:port; use e.g. 127.0.0.1:9464" in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+async def test_listen_is_ready_once_listening_shows_runs_and_the_listener_lag_and_drains_at_stop(tmp_path):
+    address, base = loopback_address()
+    readiness = Readiness()
+    seen = answers_while_draining(readiness, base)
+    async with FakeSmartnumbers(key=LISTENER_KEY) as stream:
+        report = check_settings({
+            "SWITCHBOARD_HOME": str(tmp_path / "home"), "TRANSCRIPT_LISTENER_API_KEY": LISTENER_KEY,
+            "SMARTNUMBERS_STREAM_URL": stream.url, "SMARTNUMBERS_ALLOWED_STREAM_HOSTS": "127.0.0.1",
+            "SMARTNUMBERS_ALLOW_INSECURE_LOCAL": "true", "SWITCHBOARD_HTTP_ADDR": address})
+        assert report.problems == ()
+        stopping = asyncio.Event()
+        task = asyncio.create_task(listen(report.settings, stopping, readiness=readiness))
+        try:
+            await stream.wait_connection(1)  # listening: ready was said before the stream connected
+            assert await probe(base, "/readyz") == (200, "ready\n")
+            values = metric_values(await probe(base, "/metrics"))
+            assert (values["switchboard_voice_calls"], values["switchboard_shards_held"]) == (0, 0)
+            assert values["switchboard_listener_lag_seconds"] == 0
+            assert values["switchboard_runs{state=completed}"] == 0
+        finally:
+            stopping.set()
+            code = await asyncio.wait_for(task, SAFETY_S)
+    assert code == 0 and seen["/readyz"] == (503, "draining: shutting down\n")
+    assert all(LISTENER_KEY not in text for _, text in seen.values())
