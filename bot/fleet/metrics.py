@@ -14,15 +14,16 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from runs.core import RunState
 
 log = logging.getLogger(__name__)
 
-CONTENT_TYPE = CONTENT_TYPE_LATEST
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # what generate_latest writes for our names; every Prometheus reads it
 RUN_STATES = tuple(state.value for state in RunState)
 
 

@@ -64,7 +64,7 @@ async def test_healthz_answers_200_and_readyz_follows_starting_ready_draining():
 async def test_metrics_parse_with_prometheus_client_and_show_the_reading():
     async with endpoint() as (_, client, _):
         answer = await client.get("/metrics")
-    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain; version=")
+    assert answer.status_code == 200 and answer.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
     families = {f.name: f for f in text_string_to_metric_families(answer.text)}
     # the parser drops a counter's _total from the family name; the samples keep it
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
