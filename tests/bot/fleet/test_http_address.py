@@ -1,5 +1,6 @@
 """SWITCHBOARD_HTTP_ADDR: unset is off; host:port (IPv4, bracketed IPv6, a host name, any interface)
-is accepted; anything else is the usual one settings line naming the variable and what to write."""
+is accepted; anything else is the usual one settings line naming the variable and what to write.
+`doctor` shows the URL or off."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 
 from bot.setting_rules import show_address
 from bot.settings import check_settings
+from tests.support.cli import switchboard
 
 
 def test_unset_means_off():
@@ -55,3 +57,18 @@ def test_a_malformed_address_is_one_line_naming_the_variable_and_an_example(valu
     assert problem.startswith(f"SWITCHBOARD_HTTP_ADDR={value.strip()!r}: ") and reason in problem
     assert "127.0.0.1:9464" in problem and "unset = off" in problem
     assert "SWITCHBOARD_HTTP_ADDR" in report.failed and report.settings.http_addr is None
+
+
+def test_doctor_shows_the_address_or_off_and_a_bad_value_as_not_checked():
+    _, out, _ = switchboard(["--env-file", "/dev/null", "doctor"], {})
+    assert "health endpoint        off: SWITCHBOARD_HTTP_ADDR is not set" in out
+    _, out, _ = switchboard(["--env-file", "/dev/null", "doctor"], {"SWITCHBOARD_HTTP_ADDR": "127.0.0.1:9464"})
+    (row,) = [line for line in out.splitlines() if "health endpoint" in line]
+    assert row.startswith("ok ") and "http://127.0.0.1:9464: /healthz, /readyz and /metrics" in row
+    assert "other machines" not in row
+    _, out, _ = switchboard(["--env-file", "/dev/null", "doctor"], {"SWITCHBOARD_HTTP_ADDR": "[::]:9464"})
+    (row,) = [line for line in out.splitlines() if "health endpoint" in line]
+    assert "http://[::]:9464" in row and "reachable from other machines" in row
+    code, out, _ = switchboard(["--env-file", "/dev/null", "doctor"], {"SWITCHBOARD_HTTP_ADDR": "9464"})
+    (row,) = [line for line in out.splitlines() if "health endpoint" in line]
+    assert code == 1 and row.startswith("BAD ") and "not checked: fix SWITCHBOARD_HTTP_ADDR first" in row

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bot.fleet import http
 from bot.fleet.http import MAX_HEAD_BYTES, EndpointError, HealthEndpoint, serving
 from bot.fleet.metrics import NAMES, RUN_STATES, Metrics, Reading
 from bot.fleet.readiness import Readiness
@@ -149,6 +150,22 @@ async def test_a_client_that_sends_no_head_in_time_gets_408():
         finally:
             writer.close()
     assert answer.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+
+
+async def test_past_the_connection_limit_a_client_is_told_busy(monkeypatch):
+    monkeypatch.setattr(http, "MAX_CONNECTIONS", 1)
+    async with endpoint() as (_, _, address):
+        reader, first = await asyncio.open_connection(*address)  # accepted first: its handler holds the one place
+        try:
+            first.write(b"GET /healthz HTTP/1.1\r\n")  # and waits for the rest of its head
+            await first.drain()
+            busy = await raw(address, b"GET /healthz HTTP/1.1\r\n\r\n")
+            first.write_eof()  # gives up mid-head: 400, and the server closes it (after freeing its place)
+            assert (await reader.read()).startswith(b"HTTP/1.1 400 Bad Request\r\n")
+        finally:
+            first.close()
+        assert busy.startswith(b"HTTP/1.1 503 Service Unavailable\r\n") and busy.endswith(b"busy\n")
+        assert (await raw(address, b"GET /healthz HTTP/1.1\r\n\r\n")).startswith(b"HTTP/1.1 200 OK")  # freed
 
 
 async def test_a_port_in_use_is_one_line_naming_the_setting():
