@@ -3,6 +3,7 @@ ValueError saying what is wrong and what to use (the caller adds the variable an
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import shlex
@@ -112,6 +113,44 @@ def check_token(text: str) -> None:
     """A key or token is one word of printable ASCII (a pasted newline or space breaks the header)."""
     if any(not (33 <= ord(c) < 127) for c in text):
         raise ValueError("contains spaces, control or non-ASCII characters; paste the key alone")
+
+
+_HOST_NAME = re.compile(r"[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*")
+ADDRESS_EXAMPLE = "e.g. 127.0.0.1:9464, [::1]:9464 or 0.0.0.0:9464 (unset = off)"
+
+
+def bind_address(value: Any) -> tuple[str, int]:
+    """`host:port` to listen on: an IPv4 address, a bracketed IPv6 address or a host name, and a port
+    from 1 to 65535 (0, "any free port", would hide where the endpoints are)."""
+    text = str(value).strip()
+    if "/" in text:
+        raise ValueError(f"is a URL or a path, not host:port; write only the address, {ADDRESS_EXAMPLE}")
+    if text.startswith("["):
+        host, bracket, rest = text[1:].partition("]")
+        port = rest[1:] if bracket and rest.startswith(":") else ""
+    else:
+        host, _, port = text.rpartition(":")
+        if ":" in host:
+            raise ValueError(f"has an IPv6 address without brackets; write it as [address]:port, {ADDRESS_EXAMPLE}")
+    host = host.lower()
+    if not host or not port:
+        raise ValueError(f"is not host:port; use {ADDRESS_EXAMPLE}")
+    try:
+        literal = ipaddress.ip_address(host)
+    except ValueError:
+        literal = None
+    bracketed = text.startswith("[")
+    if (bracketed and not isinstance(literal, ipaddress.IPv6Address)) or (literal is None and not _HOST_NAME.fullmatch(host)):
+        raise ValueError(f"does not name a host (an IP address or a host name); use {ADDRESS_EXAMPLE}")
+    if not port.isascii() or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"has no port from 1 to 65535; use {ADDRESS_EXAMPLE}")
+    return host, int(port)
+
+
+def show_address(address: tuple[str, int]) -> str:
+    """`host:port` as it is written (IPv6 in brackets)."""
+    host, port = address
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def clip(text: str, limit: int = 60) -> str:

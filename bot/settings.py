@@ -123,6 +123,9 @@ class Settings(BaseSettings):
     text_url: str = Field("https://api.openai.com/v1", validation_alias="SWITCHBOARD_TEXT_URL")
     text_api_key: SecretStr | None = Field(None, validation_alias="SWITCHBOARD_TEXT_API_KEY")
 
+    # -- health and metrics (bot.fleet) -----------------------------------------------------------------
+    http_addr: tuple[str, int] | None = Field(None, validation_alias="SWITCHBOARD_HTTP_ADDR")
+
     # -- where the values came from (names only) ---------------------------------------------------
     present: tuple[str, ...] = ()
 
@@ -242,6 +245,11 @@ class Settings(BaseSettings):
     @classmethod
     def _seconds(cls, value: Any) -> float:
         return rules.positive_seconds(value)
+
+    @field_validator("http_addr", mode="before")
+    @classmethod
+    def _http_addr(cls, value: Any) -> tuple[str, int] | None:
+        return value if value is None or isinstance(value, tuple) else rules.bind_address(value)
 
     @field_validator("call_max_minutes", mode="before")
     @classmethod

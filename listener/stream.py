@@ -219,7 +219,9 @@ class StreamStats:
     """Counters for `doctor`/status. `reconnects`: successful connections after the first;
     `ignored`: unknown types and non-object JSON; `malformed`: not JSON; `oversized`: connections
     closed with 1009; `acks_lost`: a handler finished after its connection had closed; `dropped`:
-    events refused because `max_pending` deliveries were waiting (the server redelivers them)."""
+    events refused because `max_pending` deliveries were waiting (the server redelivers them); `lag_s`:
+    how long the oldest event still being handled (or waiting for a handler) has waited, by the
+    injected clock (0 when none is)."""
 
     connects: int = 0
     reconnects: int = 0
@@ -234,6 +236,7 @@ class StreamStats:
     dropped: int = 0
     connected: bool = False
     in_flight: int = 0
+    lag_s: float = 0.0
     last_error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -295,6 +298,7 @@ class StreamClient:
         self._ws: Any = None
         self._jobs: dict[str, asyncio.Task] = {}  # event_id -> running handler (redelivery dedupe)
         self._handlers: set[asyncio.Task] = set()
+        self._taken_at: dict[asyncio.Task, float] = {}  # handler -> when its event was taken (the lag)
         self._deliveries: set[asyncio.Task] = set()
         self._last_key: str | None = None
 
@@ -303,7 +307,9 @@ class StreamClient:
     @property
     def stats(self) -> StreamStats:
         """A snapshot of the counters."""
-        return dataclasses.replace(self._stats, in_flight=len(self._handlers))
+        oldest = min((at for job, at in self._taken_at.items() if not job.done()), default=None)
+        lag = max(0.0, self._clock() - oldest) if oldest is not None else 0.0
+        return dataclasses.replace(self._stats, in_flight=len(self._handlers), lag_s=lag)
 
     @property
     def running(self) -> bool:
@@ -511,7 +517,9 @@ class StreamClient:
         if job is None:
             job = asyncio.create_task(self._run_handler(event))
             self._handlers.add(job)
+            self._taken_at[job] = self._clock()
             job.add_done_callback(self._handlers.discard)
+            job.add_done_callback(lambda t: self._taken_at.pop(t, None))
             if dedupe:
                 self._jobs[dedupe] = job
                 job.add_done_callback(lambda t, k=dedupe: self._jobs.pop(k) if self._jobs.get(k) is t else None)

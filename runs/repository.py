@@ -175,6 +175,11 @@ class RunRepository:
         rows = await self.store.fetchall(f"SELECT * FROM runs WHERE state NOT IN ({_TERMINAL_SQL}) ORDER BY id")
         return [_ticket(r) for r in rows]
 
+    async def count_by_state(self) -> dict[str, int]:
+        """How many tickets are in each state (states with none are left out)."""
+        rows = await self.store.fetchall("SELECT state, COUNT(*) FROM runs GROUP BY state")
+        return {str(state): int(count) for state, count in rows}
+
     async def recent(self, limit: int = 20) -> list[RunTicket]:
         rows = await self.store.fetchall("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
         return [_ticket(r) for r in rows]

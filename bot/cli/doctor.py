@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from bot.fleet.http import describe
 from bot.settings import KEY_VARIABLES, SettingsError, SettingsReport, key_variable, realtime_api_key
 from common.paths import output_problem
 from common.store import DB_FILENAME
@@ -54,6 +55,7 @@ _READS = {
     "agent lanes": ("SWITCHBOARD_AGENT_LANES", "SWITCHBOARD_HERMES_API_URL", "SWITCHBOARD_HERMES_API_KEY",
                     "API_SERVER_KEY", "SWITCHBOARD_AGENT_COMMAND", "SWITCHBOARD_AGENT_PROFILE",
                     "SWITCHBOARD_AGENT_TIMEOUT_S"),
+    "health endpoint": ("SWITCHBOARD_HTTP_ADDR",),
 }
 
 
@@ -81,6 +83,8 @@ def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
     if settings.listener_key is not None or "TRANSCRIPT_LISTENER_API_KEY" in report.failed:
         checks += _unless_failed(report, "after each call", lambda: _post_call(settings))
     checks += _unless_failed(report, "agent lanes", lambda: agent_lanes(settings))
+    checks += _unless_failed(report, "health endpoint", lambda: [Check("health endpoint", "ok",
+                                                                       describe(settings.http_addr))])
     return checks
 
 

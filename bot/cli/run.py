@@ -1,9 +1,11 @@
 """`switchboard run`: the Discord bot, the runs service and the Smartnumbers listener, in one process.
 
 Start-up refuses with one line per missing setting; a rejected token is said as such. The listener
-starts once Discord is ready. SIGINT and SIGTERM shut down in order — stop the listener, leave every
-call (tool outputs settle; its row is marked to resume), stop watching runs, close the gateway
-normally (1000), close the store — and exit 0.
+starts once Discord is ready. With SWITCHBOARD_HTTP_ADDR, `/healthz`, `/readyz` and `/metrics` are served
+from before the gateway opens until the very end (`bot.fleet`): ready once Discord is connected. SIGINT
+and SIGTERM shut down in order — `/readyz` turns 503 (draining), stop the listener, leave every call (tool
+outputs settle; its row is marked to resume), stop watching runs, close the gateway normally (1000),
+close the store — and exit 0.
 """
 
 from __future__ import annotations
@@ -19,6 +21,9 @@ import discord
 from bot.cli.args import EXIT_USAGE, serve_unless
 from bot.discord.client import SwitchboardBot
 from bot.discord.phone_cards import DiscordPoster
+from bot.fleet.http import EndpointError
+from bot.fleet.readiness import Readiness
+from bot.fleet.readings import ProcessParts, serve_endpoints
 from bot.phone.delivery import ListenerDelivery
 from bot.phone.listener import KeySource, listener_problem
 from bot.services import Services, build_services, stop_on_signals
@@ -54,30 +59,37 @@ def run(settings: Settings, listener_key=None) -> int:
 
 
 async def serve(settings: Settings, stopping: asyncio.Event | None = None,
-                ready: asyncio.Future[SwitchboardBot] | None = None, listener_key: KeySource | None = None) -> int:
+                ready: asyncio.Future[SwitchboardBot] | None = None, listener_key: KeySource | None = None,
+                readiness: Readiness | None = None) -> int:
     """Run until SIGINT/SIGTERM (or `stopping` is set); `ready` gets the bot once it has logged in and
-    synced its commands (interactions arrive once the gateway is READY, right after)."""
+    synced its commands (interactions arrive once the gateway is READY, right after); `readiness` is
+    what `/readyz` answers (its drain steps run when the shutdown begins)."""
     bot = SwitchboardBot(settings)
     bot.ready_future = ready
     stopping = stopping or asyncio.Event()
+    readiness = readiness or Readiness("starting: not connected to Discord yet")
     try:
         async with build_services(settings, sink=bot.sink, poster=DiscordPoster(bot, settings.transcripts_channel_id),
                                   hold_delivery_s=RESUME_HOLD_S) as services:
             bot.attach(services)
-            with stop_on_signals(stopping):
-                return await _serve(bot, services, stopping, listener_key)
-    except StoreError as exc:
+            parts = ProcessParts(readiness, services.runs, bot.calls,
+                                 gateway_up=lambda: bot.connected.is_set() and not bot.is_closed())
+            async with serve_endpoints(settings.http_addr, parts):
+                with stop_on_signals(stopping):
+                    return await _serve(bot, services, stopping, listener_key, parts)
+    except (StoreError, EndpointError) as exc:
         print(f"switchboard run: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 
 async def _serve(bot: SwitchboardBot, services: Services, stopping: asyncio.Event,
-                 listener_key: KeySource | None) -> int:
+                 listener_key: KeySource | None, parts: ProcessParts) -> int:
     code = EXIT_OK
-    stream = _build_listener(services, listener_key)
+    stream = parts.listener = _build_listener(services, listener_key)
     starting = None
     token = services.settings.discord_token.get_secret_value()  # type: ignore[union-attr]
     runner = asyncio.create_task(bot.start(token), name="discord")
+    connected = asyncio.create_task(_ready_when_connected(bot, parts.readiness), name="readiness")
     try:
         if stream is not None:  # cards and results need the guilds: listen once Discord is ready
             starting = asyncio.create_task(_start_when_ready(bot, stream, services.delivery), name="listener-start")
@@ -86,6 +98,9 @@ async def _serve(bot: SwitchboardBot, services: Services, stopping: asyncio.Even
         if runner in done:
             code = _start_failure(runner)
         stop_wait.cancel()
+        connected.cancel()
+        await parts.readiness.drain("draining: shutting down" if runner not in done
+                                    else "stopping: the Discord connection ended")
         if starting is not None:
             starting.cancel()
             await asyncio.gather(starting, return_exceptions=True)
@@ -109,6 +124,11 @@ def _build_listener(services: Services, key: KeySource | None = None):
         print(f"switchboard run: the Smartnumbers listener does not start: {problem}", file=sys.stderr)
         return None
     return services.listener(key)
+
+
+async def _ready_when_connected(bot: SwitchboardBot, readiness: Readiness) -> None:
+    await bot.connected.wait()
+    readiness.ready()
 
 
 async def _start_when_ready(bot: SwitchboardBot, listener, delivery: ListenerDelivery) -> None:

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,6 +98,13 @@ class GuildCall:
     def usage(self) -> CallUsage:
         return self.usage_before + self.engine.usage
 
+    def counts(self) -> Counter[str]:
+        """What this call counted in this process: turns committed, frames shed, provider reconnects and
+        rollovers (read by `/metrics`, `bot.fleet.readings`)."""
+        counters = self.engine.core.counters
+        return Counter(turns=counters["turns"], frames_shed=self.transport.frames_shed,
+                       reconnects=counters["reconnects"], rollovers=counters["rollovers"])
+
     def spoken_ms(self) -> dict[int, int]:
         """How long each person has spoken in the call, before and since a restart."""
         totals = dict(self.spoken_before)
@@ -134,6 +142,7 @@ class CallManager:
         self._tasks = BackgroundTasks(log)  # announcements and wrap-ups on their way
         self._calls: dict[int, GuildCall] = {}
         self._locks: dict[int, asyncio.Lock] = {}
+        self._left_counts: Counter[str] = Counter()  # what calls that ended in this process counted
 
     def active(self, guild_id: int) -> bool:
         return guild_id in self._calls
@@ -143,6 +152,15 @@ class CallManager:
 
     def all(self) -> list[GuildCall]:
         return list(self._calls.values())
+
+    def counts(self) -> Counter[str]:
+        """Every call's `GuildCall.counts` since the process started (ended and live ones), and `late_ticks`:
+        room ticks that began more than one period late. Only ever grows."""
+        totals = Counter(self._left_counts)
+        for call in self._calls.values():
+            totals.update(call.counts())
+        totals["late_ticks"] = self._room_clock.late_ticks if self._room_clock is not None else 0
+        return totals
 
     def _lock(self, guild_id: int) -> asyncio.Lock:
         return self._locks.setdefault(guild_id, asyncio.Lock())
@@ -337,6 +355,7 @@ class CallManager:
             pass
         except Exception:
             log.exception("call in guild %s ended with an error", guild_id)
+        self._left_counts.update(call.counts())
         if call.row is not None:  # after the call's last turns: `ended` with why, or `resume` (stopping)
             await call.row.close(reason, resume=resume)
         call.voice.stop()

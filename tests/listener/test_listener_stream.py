@@ -287,6 +287,29 @@ async def test_concurrency_is_bounded_but_the_receive_loop_keeps_reading(fake, m
     fake.assert_clean()
 
 
+async def test_lag_is_the_wait_of_the_oldest_event_still_being_handled_by_the_injected_clock(fake, make_client):
+    clock = VirtualClock(1000.0)
+    handler = Handler(gated=("evt_1", "evt_2"))
+    client = make_client(fake, handle=handler, clock=clock)
+    await client.start()
+    await fake.wait_connection(1)
+    assert client.stats.lag_s == 0.0  # nothing taken
+    await fake.send_event(transcript_url_event("evt_1"))
+    await handler.wait_started("evt_1")
+    clock.now += 4.0
+    await fake.send_event(transcript_url_event("evt_2"))
+    await handler.wait_started("evt_2")
+    clock.now += 1.5
+    assert client.stats.lag_s == 5.5  # evt_1's wait, not evt_2's
+    handler.release("evt_1")
+    await fake.ack_for("evt_1")  # acked: its handler is done
+    assert client.stats.lag_s == 1.5  # now the oldest is evt_2
+    handler.release("evt_2")
+    await fake.ack_for("evt_2")
+    assert client.stats.lag_s == 0.0
+    fake.assert_clean()
+
+
 async def test_malformed_json_unknown_types_and_non_objects_get_no_ack_and_do_not_stop_the_stream(
     fake, make_client, caplog
 ):

@@ -4,7 +4,8 @@
         reply = await svc.command("talk status", user=svc.operator)
 
 `olive` is the operator and `gus` a guest whose display name is also "Olive"; the command lane runs
-the fake agent; the service stops with `stopping` and must exit 0 with the fake Discord clean.
+the fake agent; the service stops with `stopping` and must exit 0 with the fake Discord clean. `readiness`
+is what `/readyz` answers (a test may register drain steps on it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from bot.cli.run import serve
 from bot.discord.client import SwitchboardBot
+from bot.fleet.readiness import Readiness
 from bot.settings import check_settings
 from tests.support.fake_discord import FakeDiscord, SimUser, point_discord_py_at
 from tests.support.runs import FAKE_AGENT, SAFETY_S
@@ -55,8 +57,8 @@ def settings_for(tmp_path, fake: FakeDiscord, operator: SimUser | None, **extra:
 
 
 @contextlib.asynccontextmanager
-async def service(tmp_path, *, operators: bool = True, guild_sync: bool = False, **extra: str
-                  ) -> AsyncIterator[Service]:
+async def service(tmp_path, *, operators: bool = True, guild_sync: bool = False, readiness: Readiness | None = None,
+                  **extra: str) -> AsyncIterator[Service]:
     async with FakeDiscord() as fake:
         if guild_sync:
             extra["SWITCHBOARD_GUILD_IDS"] = str(fake.guild_id)
@@ -64,7 +66,7 @@ async def service(tmp_path, *, operators: bool = True, guild_sync: bool = False,
         stopping, ready = asyncio.Event(), asyncio.get_running_loop().create_future()
         with point_discord_py_at(fake):
             task = asyncio.create_task(serve(settings_for(tmp_path, fake, operator if operators else None, **extra),
-                                             stopping, ready))
+                                             stopping, ready, readiness=readiness))
             try:
                 await asyncio.wait_for(fake.wait_gateway_ready(), SAFETY_S)
                 bot = await asyncio.wait_for(ready, SAFETY_S)
