@@ -84,6 +84,26 @@ async def test_ctrl_c_ends_the_call_with_exit_130_and_keeps_what_was_said(tmp_pa
         assert wav.getframerate() == 24_000
 
 
+async def test_ctrl_c_before_the_assistant_said_anything_exits_130_and_leaves_no_empty_wav(tmp_path):
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_conversation_wav(wav_in)
+    async with FakeRealtime([AudioReply("Never heard.", audio_ms=500)]) as fake:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+               "OPENAI_API_KEY": KEY, "SWITCHBOARD_REALTIME_URL": fake.url}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "--env-file", os.devnull, "talk",
+            "--input-wav", str(wav_in), "--output-wav", str(wav_out), cwd=ROOT, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        await fake.wait_received("input_audio_buffer.append")  # the call is on; the caller is still speaking
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+        answered = "response.output_audio.delta" in fake.sent_types()
+    assert proc.returncode == 130 and not answered, err.decode()
+    assert err.decode().splitlines()[-1] == (f"switchboard talk: interrupted before the assistant said anything; "
+                                             f"{wav_out} not written")
+    assert not wav_out.exists()  # not a 44-byte WAV holding nothing
+
+
 async def test_timeout_exits_3_and_leaves_no_empty_wav(tmp_path):
     wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
     write_conversation_wav(wav_in)
