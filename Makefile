@@ -13,13 +13,18 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest
 
-# Every bench runs in turn; the first one that exits non-zero stops `make bench` with its name.
+# Every bench runs in turn; the first one that exits non-zero stops `make bench` with its name. Each
+# records its goals (bench/goals.py); the run ends with the table of them: figure, goal, met or not.
 BENCHES := receive call_latency file_input_memory discord_call calls_per_core vad_batch archive resume
+GOALS := $(VENV)/bench-goals.jsonl
 bench: setup
-	@set -e; for b in $(BENCHES); do \
+	@set -e; rm -f $(GOALS); for b in $(BENCHES); do \
 		echo "== bench/$$b.py"; \
-		$(VENV)/bin/python bench/$$b.py || { status=$$?; echo "make bench: bench/$$b.py FAILED (exit $$status)" >&2; exit $$status; }; \
-	done
+		BENCH_SUMMARY=$(GOALS) $(VENV)/bin/python bench/$$b.py || { status=$$?; \
+			$(VENV)/bin/python bench/goals.py $(GOALS) $(BENCHES); \
+			echo "make bench: bench/$$b.py FAILED (exit $$status)" >&2; exit $$status; }; \
+	done; \
+	$(VENV)/bin/python bench/goals.py $(GOALS) $(BENCHES)
 
 # libopus0: the Opus codec discord.py loads; libportaudio2: microphone/speaker for `talk`;
 # espeak-ng: real speech for the tests. apt is skipped entirely when all are present, and waits
