@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -12,6 +14,7 @@ from bot.cli import doctor
 from bot.cli.main import build_parser
 from bot.settings import check_settings
 from tests.support.cli import switchboard
+from tests.support.paths import ROOT
 from tests.support.store import recorded_home
 
 
@@ -108,3 +111,12 @@ def test_doctor_shows_the_modes_a_call_starts_with():
                              "90 min; session rollover after 1800 s")
     bad = row({"SWITCHBOARD_FOLLOWUP_S": "1e9"})
     assert (bad.status, bad.detail) == ("bad", "not checked: fix SWITCHBOARD_FOLLOWUP_S first (above)")
+
+
+def test_python_m_bot_without_the_dependencies_is_one_line_not_a_traceback(tmp_path):
+    """`-S`: no site-packages, as a system Python without the venv's packages."""
+    result = subprocess.run([sys.executable, "-S", "-m", "bot", "doctor"], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60, env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert result.returncode == 2 and result.stdout == ""
+    [line] = result.stderr.splitlines()
+    assert line.startswith("switchboard: ") and " is not installed for " in line and "run `make setup`" in line
