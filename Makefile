@@ -13,17 +13,23 @@ test: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m pytest
 
-# Every bench runs in turn; the first one that exits non-zero stops `make bench` with its name.
+# Every bench runs in turn; the first one that exits non-zero stops `make bench` with its name. Each
+# records its goals (bench/goals.py); the run ends with the table of them: figure, goal, met or not.
 BENCHES := receive call_latency file_input_memory discord_call calls_per_core vad_batch archive resume
+GOALS := $(VENV)/bench-goals.jsonl
 bench: setup
-	@set -e; for b in $(BENCHES); do \
+	@set -e; rm -f $(GOALS); for b in $(BENCHES); do \
 		echo "== bench/$$b.py"; \
-		$(VENV)/bin/python bench/$$b.py || { status=$$?; echo "make bench: bench/$$b.py FAILED (exit $$status)" >&2; exit $$status; }; \
-	done
+		BENCH_SUMMARY=$(GOALS) $(VENV)/bin/python bench/$$b.py || { status=$$?; \
+			$(VENV)/bin/python bench/goals.py $(GOALS) $(BENCHES); \
+			echo "make bench: bench/$$b.py FAILED (exit $$status)" >&2; exit $$status; }; \
+	done; \
+	$(VENV)/bin/python bench/goals.py $(GOALS) $(BENCHES)
 
 # libopus0: the Opus codec discord.py loads; libportaudio2: microphone/speaker for `talk`;
 # espeak-ng: real speech for the tests. apt is skipped entirely when all are present, and waits
-# (up to 2 minutes) for another process's apt/dpkg lock instead of failing at once.
+# (up to 2 minutes) for another process's apt/dpkg lock instead of failing at once. Its output (dpkg
+# prints progress whatever -qq says) is kept and shown only when it fails.
 APT := apt-get -o DPkg::Lock::Timeout=120 -qq
 system-deps:
 	@missing=""; \
@@ -37,14 +43,16 @@ system-deps:
 	fi; \
 	echo "installing$$missing"; export DEBIAN_FRONTEND=noninteractive; \
 	retry() { for try in 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24; do \
-		"$$@" && return 0; echo "apt is busy or failed (try $$try of 24); retrying in 5 s"; sleep 5; \
-	done; return 1; }; \
+		output=$$("$$@" 2>&1) && return 0; echo "apt is busy or failed (try $$try of 24); retrying in 5 s"; sleep 5; \
+	done; echo "$$output" >&2; return 1; }; \
 	retry $(APT) update && retry $(APT) install -y $$missing
 
+# setuptools' boxed "Editable installation." notice reads like an error; every other warning still shows.
+QUIET_SETUPTOOLS := ignore:Editable installation
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev,audio]'
+	PYTHONWARNINGS='$(QUIET_SETUPTOOLS)' $(VENV)/bin/pip install --quiet -e '.[dev,audio]'
 	touch $(STAMP)
 
 setup: system-deps $(STAMP)

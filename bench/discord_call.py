@@ -72,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import discord.opus  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.goals import goal  # noqa: E402
 from listener.named_commands import addresses_agent  # noqa: E402
 from tests.support.dave_group import DaveGroup  # noqa: E402
 from tests.support.fake_realtime import AudioReply, FakeRealtime  # noqa: E402
@@ -382,10 +383,12 @@ def print_cpu(setups: dict[int, Setup], seconds: float, rounds: int, answer_ms: 
     spread = max(values) / min(values)
     print("   columns: raw = baseline decode per frame; whole and stages = ratios to it; us/spk/tick = whole "
           "path CPU per speaker per 20 ms tick; turns = commits over all rounds; voiced = ticks Silero scored >= 0.5")
-    print(f"spread over N: max/min = {spread:.3f}; largest deviation from the mean = {100 * deviation:.1f}% "
-          f"({'flat' if deviation <= FLAT else 'NOT flat'} within +-{100 * FLAT:.0f}%)")
-    print(f"goal at {top}: whole <= {GOAL_RATIO:.1f}: {wholes[top]:.3f} "
-          f"({'meets' if wholes[top] <= GOAL_RATIO else 'MISSES'})")
+    print(f"spread over N: max/min = {spread:.3f}; largest deviation from the mean = {100 * deviation:.1f}%")
+    # the goal is both: cheap enough at the top, and flat in N; each is its own line, met or missed
+    goal("discord_call", f"whole / raw decode at {top} speakers {wholes[top]:.3f}", f"<= {GOAL_RATIO:.1f}",
+         wholes[top] <= GOAL_RATIO)
+    goal("discord_call", f"whole over N: largest deviation from the mean {100 * deviation:.1f}%",
+         f"flat, within +-{100 * FLAT:.0f}%", deviation <= FLAT)
     big = setups[top]
     print(f"   receiver stats (N={top}): {big.rx.nonzero_stats()}; room frames shed: {big.room.frames_shed}")
 
@@ -461,7 +464,7 @@ def endpointing_section(args: argparse.Namespace, rng: random.Random, bank: Sile
 
 def print_endpointing(results: dict[str, list[dict]], answer_ms: float) -> None:
     silence = VadConfig().silence_ms
-    goal = silence + 25
+    limit_ms = silence + 25
     print(f"\n== 2. endpointing per speaker (core virtual time, 20 ms ticks; silence window {silence} ms; "
           f"provider answer done {answer_ms:g} ms after response.create)")
     print("   turn ended = the VAD's end of that speaker's utterance (ready to commit); queue wait = ready -> "
@@ -479,9 +482,10 @@ def print_endpointing(results: dict[str, list[dict]], answer_ms: float) -> None:
     ended_all = [r["ended_ms"] for rows in results.values() for r in rows if r["ended_ms"] is not None]
     single = [r["ended_ms"] for r in results["1 speaker"] if r["ended_ms"] is not None]
     crowd = [r["ended_ms"] for r in results["10 at once"] if r["ended_ms"] is not None]
-    ok = statistics.median(single) <= goal and statistics.median(crowd) <= goal
-    print(f"goal: median last packet -> turn ended <= {goal} ms at 1 and at 10 speakers: "
-          f"{'meets' if ok else 'MISSES'} (all speakers: min {min(ended_all):.0f} ms)")
+    print(f"all speakers: last packet -> turn ended min {min(ended_all):.0f} ms")
+    alone, together = statistics.median(single), statistics.median(crowd)
+    goal("discord_call", f"median last packet -> turn ended {alone:.0f} ms alone, {together:.0f} ms with 10",
+         f"<= {limit_ms} ms at both", alone <= limit_ms and together <= limit_ms)
 
 
 # -- 3. addressed mode: the transcription wait ---------------------------------------------------------

@@ -6,7 +6,7 @@
 
 Rounds are interleaved (a b c a b c ...) and medians reported. DAVE rejects replayed frames, so
 every round of (c) gets fresh packets from one continuous stream; (a) and (b) decode exactly the
-Opus frames that were inside that round's packets.
+Opus frames that were inside that round's packets. Goal: (c)/(a) <= 2.0 (see GOAL_RATIO).
 Run: .venv/bin/python bench/receive.py [--rounds N] [--packets N]
 """
 
@@ -26,10 +26,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import discord.opus  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.goals import goal  # noqa: E402
 from tests.support.dave_group import DaveGroup  # noqa: E402
 from tests.support.packets import DiscordSender, FakeConnection  # noqa: E402
 from voice.media.opus import load_libopus  # noqa: E402
 from voice.media.receive import Receiver  # noqa: E402
+
+# The whole receive path (transport, DAVE decryption, decode) costs at most twice the bare decode: what it
+# adds must stay below what decoding itself costs, or receive, not the codec, would bound a room's size.
+GOAL_RATIO = 2.0
 
 CHANNEL, BOT, ALICE, SSRC = 1_300_000_000_000_000_001, 3_000_000_000_000_000_001, 3_000_000_000_000_000_002, 4242
 
@@ -115,6 +120,8 @@ def main() -> None:
     print(f"(b) discord.py Decoder:     {b:7.2f} us/packet  ({b / a:.2f}x floor)")
     print(f"(c) Receiver.on_packet:     {c:7.2f} us/packet  ({c / a:.2f}x floor)")
     print(f"receiver stats: {rx.nonzero_stats()}")
+    goal("receive", f"(c)/(a) whole receive path / raw libopus decode {c / a:.2f}", f"<= {GOAL_RATIO:g}",
+         c / a <= GOAL_RATIO)
 
 
 if __name__ == "__main__":

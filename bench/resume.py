@@ -36,6 +36,7 @@ import davey  # noqa: E402
 import discord.opus  # noqa: E402
 import numpy as np  # noqa: E402
 
+from bench.goals import goal  # noqa: E402
 from bot.discord.calls import BACK_NOTICE  # noqa: E402
 from tests.support.discord_room import in_voice, join_and_settle, room, say  # noqa: E402
 from tests.support.fake_discord.speech import OPUS_SILENCE, open_bot_packet  # noqa: E402
@@ -159,7 +160,8 @@ def main() -> None:
     dave = statistics.median(r["dave"] for r in results)
     join = statistics.median(joins)
     print(f"\nmedian READY→rejoined {statistics.median(r['rejoined'] for r in results):.2f} s, READY→DAVE {dave:.2f} s, "
-          f"READY→spoke {spoke:.2f} s (goal <= {GOAL_S:.0f} s: {'met' if spoke <= GOAL_S else 'NOT met'})")
+          f"READY→spoke {spoke:.2f} s")
+    goal("resume", f"median READY→spoke {spoke:.2f} s", f"<= {GOAL_S:.0f} s", spoke <= GOAL_S)
     print(f"baseline: a fresh /talk join → DAVE ready, median of {len(joins)}: {join:.2f} s; "
           f"ratio rejoin/join {dave / join:.2f}")
     print(f"total wall {time.perf_counter() - wall:.1f} s")

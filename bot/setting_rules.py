@@ -66,6 +66,22 @@ def _positive(value: Any, unit: str, example: str, note: str = "") -> float:
     return number
 
 
+def seconds_between(value: Any, low: float, high: float, why: str = "") -> float:
+    """A number of seconds from `low` to `high` inclusive (a sanity limit: `1e9` and `0.001` refuse)."""
+    return _between(positive_seconds(value), low, high, "seconds", why)
+
+
+def minutes_between(minutes: float, low: float, high: float, why: str = "") -> float:
+    """`positive_minutes`' value, from `low` to `high` inclusive."""
+    return _between(minutes, low, high, "minutes", why)
+
+
+def _between(number: float, low: float, high: float, unit: str, why: str) -> float:
+    if not low <= number <= high:
+        raise ValueError(f"must be between {low:g} and {high:g} {unit}{why}")
+    return number
+
+
 def snowflake(value: Any) -> int:
     """One Discord ID: 17–20 digits, no leading zero, at most 2**64-1."""
     text = str(value).strip()

@@ -54,6 +54,13 @@ URL_VARIABLES = frozenset({"SWITCHBOARD_REALTIME_URL", "SWITCHBOARD_HERMES_API_U
 SMARTNUMBERS_HOST = "connections.smartnumbers.labs.bandwidth.com"
 SMARTNUMBERS_STREAM_URL = f"wss://{SMARTNUMBERS_HOST}/ws/hermes"
 KEY_VARIABLES = {"openai": ("SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY"), "xai": ("XAI_API_KEY",)}
+# Sanity limits of the call's timing settings: (lowest, highest, why), in seconds (the call limit in minutes).
+TIMING_LIMITS = {
+    "deaf_after_s": (1.0, 60.0, ""),
+    "followup_s": (1.0, 300.0, ""),
+    "session_rollover_s": (60.0, 3540.0, "; OpenAI ends a session at 60 minutes, so it must roll over before that"),
+}
+CALL_MINUTES_LIMITS = (0.05, 1440.0, " (3 s to 24 hours; unset = no limit)")
 
 
 class SettingsError(ValueError):
@@ -109,10 +116,11 @@ class Settings(BaseSettings):
 
     # -- the Smartnumbers listener ------------------------------------------------------------------
     listener_key: SecretStr | None = Field(None, validation_alias="TRANSCRIPT_LISTENER_API_KEY")
-    stream_url: str = Field(SMARTNUMBERS_STREAM_URL, validation_alias="SMARTNUMBERS_STREAM_URL")
     stream_hosts: frozenset[str] = Field(frozenset({SMARTNUMBERS_HOST}), validation_alias="SMARTNUMBERS_ALLOWED_STREAM_HOSTS")
     transcript_hosts: frozenset[str] = Field(frozenset(), validation_alias="SMARTNUMBERS_ALLOWED_TRANSCRIPT_HOSTS")
     allow_insecure_local: bool = Field(False, validation_alias="SMARTNUMBERS_ALLOW_INSECURE_LOCAL")
+    # after the two it is checked against (a validator sees only the fields above it)
+    stream_url: str = Field(SMARTNUMBERS_STREAM_URL, validation_alias="SMARTNUMBERS_STREAM_URL")
     max_message_bytes: int = Field(1 << 20, validation_alias="SMARTNUMBERS_MAX_MESSAGE_BYTES")
     max_transcript_bytes: int = Field(20 << 20, validation_alias="SMARTNUMBERS_MAX_TRANSCRIPT_BYTES")
     agent_name: str = Field("Ares", validation_alias="SWITCHBOARD_AGENT_NAME")
@@ -240,8 +248,7 @@ class Settings(BaseSettings):
     def _min_interruption(cls, value: Any) -> int:
         return rules.whole_number(value, 0, 5000, "milliseconds", "400; 0 = any speech interrupts at once")
 
-    @field_validator("deaf_after_s", "idle_leave_s", "agent_timeout_s", "followup_s", "session_rollover_s",
-                     mode="before")
+    @field_validator("idle_leave_s", "agent_timeout_s", mode="before")
     @classmethod
     def _seconds(cls, value: Any) -> float:
         return rules.positive_seconds(value)
@@ -251,10 +258,20 @@ class Settings(BaseSettings):
     def _http_addr(cls, value: Any) -> tuple[str, int] | None:
         return value if value is None or isinstance(value, tuple) else rules.bind_address(value)
 
+    @field_validator("deaf_after_s", "followup_s", "session_rollover_s", mode="before")
+    @classmethod
+    def _timing(cls, value: Any, info: ValidationInfo) -> float:
+        low, high, why = TIMING_LIMITS[info.field_name]  # type: ignore[index]
+        return rules.seconds_between(value, low, high, why)
+
     @field_validator("call_max_minutes", mode="before")
     @classmethod
     def _minutes(cls, value: Any) -> float | None:
-        return None if value is None else rules.positive_minutes(value)
+        if value is None:
+            return None
+        minutes = rules.positive_minutes(value)
+        low, high, why = CALL_MINUTES_LIMITS
+        return rules.minutes_between(minutes, low, high, why)
 
     @field_validator("operator_user_ids", mode="before")
     @classmethod
@@ -311,7 +328,22 @@ class Settings(BaseSettings):
             return True
         if text in ("false", "0", "no", "off"):
             return False
-        raise ValueError("use true or false")
+        raise ValueError("is not true or false; use true, false, yes, no, on, off, 1 or 0")
+
+    @field_validator("stream_url", mode="before")
+    @classmethod
+    def _stream_url(cls, value: Any, info: ValidationInfo) -> str:
+        """The URL the listener key is sent to: checked here, so a bad one stops every command."""
+        from listener.stream import StreamConfigError, check_stream_url
+
+        hosts, insecure = info.data.get("stream_hosts"), info.data.get("allow_insecure_local")
+        if hosts is None or insecure is None:
+            return str(value)  # what it is checked against is already a problem
+        try:
+            check_stream_url(str(value), allowed_hosts=hosts, allow_insecure_local=insecure)
+        except StreamConfigError as exc:
+            raise ValueError(str(exc)) from None
+        return str(value)
 
     @field_validator("max_message_bytes", mode="before")
     @classmethod
@@ -389,8 +421,10 @@ def check_settings(variables: Mapping[str, str]) -> SettingsReport:
     else:  # pragma: no cover - every pass drops at least one variable
         settings = Settings(present=present)
     _, operators = parse_operator_ids(variables.get(OPERATORS))
+    miscased = _miscased(variables)
+    problems += miscased.values()
     return SettingsReport(settings, tuple(problems), (operators,) if operators else (),
-                          _unknown(variables), frozenset(failed))
+                          _unknown(variables), frozenset(failed) | set(miscased))
 
 
 def parse_operator_ids(raw: str | None) -> tuple[frozenset[int], str | None]:
@@ -481,11 +515,22 @@ def _describe(err: Any) -> str:
 RUNTIME_VARIABLES = frozenset({"SWITCHBOARD_CALLBACK_TOKEN"})
 
 
+def _miscased(variables: Mapping[str, str]) -> dict[str, str]:
+    """A setting's name in the wrong case (`switchboard_guild_ids`) is never read. It stops every command
+    rather than warning: the value was meant to take effect, and some narrow who or what is served
+    (guilds, hosts), so running on the default would be the opposite of what was asked. Keyed by the
+    setting's real name; the value is not shown (it may be a secret)."""
+    return {name.upper(): f"{name} is not read (value not shown): setting names are upper case; rename it "
+                          f"{name.upper()}"
+            for name in sorted(variables) if name != name.upper() and name.upper() in ALL_VARIABLES}
+
+
 def _unknown(variables: Mapping[str, str]) -> tuple[str, ...]:
     lines = []
     for name in sorted(variables):
-        if name.startswith("SWITCHBOARD_") and name not in ALL_VARIABLES and name not in RUNTIME_VARIABLES:
-            close = difflib.get_close_matches(name, sorted(ALL_VARIABLES), n=1)
+        upper = name.upper()
+        if upper.startswith("SWITCHBOARD_") and upper not in ALL_VARIABLES and upper not in RUNTIME_VARIABLES:
+            close = difflib.get_close_matches(upper, sorted(ALL_VARIABLES), n=1)
             lines.append(f"{name} is not a Switchboard setting and is ignored"
                          + (f"; did you mean {close[0]}?" if close else "; see .env.example"))
     return tuple(lines)

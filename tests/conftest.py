@@ -1,4 +1,4 @@
-"""Suite-wide settings: the property tests' examples, and for parallel runs (`-n`, pyproject.toml): bytecode
+"""Suite-wide settings: a throwaway home folder (`tests/support/home.py`), the property tests' examples, and for parallel runs (`-n`, pyproject.toml): bytecode
 is compiled once before the workers start, the `xdist_group` marks take effect under pytest 9.2, and the
 tests that pace real-time audio through a bot process get the CPU first."""
 
@@ -10,6 +10,7 @@ import pytest
 from _pytest.nodeid import NodeId
 from hypothesis import settings as hypothesis_settings
 
+from tests.support.home import isolate_home, remove_home
 from tests.support.warm import warm
 
 # The xdist groups of the tests that pace real-time audio through a bot process (`discord_room.real_time`, the
@@ -32,10 +33,17 @@ hypothesis_settings.load_profile("suite")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Before any worker starts, compile what every worker and test process would compile for itself
+    """Before any worker starts (they inherit the environment): point HOME and the XDG folders at a
+    throwaway folder, then compile what every worker and test process would compile for itself
     (`tests/support/warm.py`)."""
     if not hasattr(config, "workerinput"):
+        isolate_home()
         warm(config)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        remove_home()
 
 
 @pytest.hookimpl(trylast=True)

@@ -52,26 +52,34 @@ def add_parser(subparsers: Any) -> None:
                                                "run's token)",
                                 description=f"The call review: show it (open), set or clear its instructions. "
                                             f"{NEEDS_TOKEN}", epilog=EXIT_CODES)
-    review.add_argument("review_action", choices=("show", "set", "clear"))
-    review.add_argument("instructions", nargs="?", help="set: what the agent does after each call")
+    reviews = review.add_subparsers(dest="review_action", metavar="ACTION", required=True)
+    review_show = reviews.add_parser("show", help="its instructions and where its results go (open)",
+                                     description="The call review's instructions and where its results go.",
+                                     epilog=EXIT_CODES)
+    review_set = reviews.add_parser("set", help="set its instructions (needs a run's token)",
+                                    description=f"Set the call review's instructions. {NEEDS_TOKEN}", epilog=EXIT_CODES)
+    review_set.add_argument("instructions", nargs="?", help="what the agent does after each call")
+    review_clear = reviews.add_parser("clear", help="clear its instructions (needs a run's token)",
+                                      description=f"Clear the call review's instructions. {NEEDS_TOKEN}",
+                                      epilog=EXIT_CODES)
     register = change("register", "a new callback")
     register.add_argument("id", help="1-40 lowercase letters, digits, - or _")
-    register.add_argument("name")
+    register.add_argument("name", help="a short name people see in lists")
     register.add_argument("instructions", help="what the agent does after each call")
     update = change("update", "change a callback")
-    update.add_argument("id")
-    update.add_argument("--name")
-    update.add_argument("--instructions")
-    changes = [review, register, update]
+    update.add_argument("id", help="the callback's id (see `switchboard callbacks list`)")
+    update.add_argument("--name", help="a new name")
+    update.add_argument("--instructions", help="new instructions")
+    changes = [review_set, review_clear, register, update]
     for name in ("enable", "disable", "remove"):
         action = change(name, f"{name} a callback")
-        action.add_argument("id")
+        action.add_argument("id", help="the callback's id (see `switchboard callbacks list`)")
         changes.append(action)
-    for action in (review, register, update):
+    for action in (review_set, register, update):
         action.add_argument("--deliver", help="local, discord:<channel id>, or default; empty clears (update)")
     for action in changes:
         action.add_argument("--token", help=f"a named-command run's token (or {TOKEN_VARIABLE})")
-    for action in (listing, review, register, update, *changes[3:]):
+    for action in (listing, review_show, *changes):
         action.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -84,7 +92,8 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
     if command == "list":
         return {"action": "list"}
     if command == "review":
-        return {"action": args.review_action, "instructions": args.instructions, "deliver": args.deliver}
+        return {"action": args.review_action, "instructions": getattr(args, "instructions", None),
+                "deliver": getattr(args, "deliver", None)}
     return {"action": command, "id": args.id, "name": getattr(args, "name", None),
             "instructions": getattr(args, "instructions", None), "deliver": getattr(args, "deliver", None)}
 

@@ -44,6 +44,8 @@ _TOKEN = ("DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN")
 _READS = {
     "store": ("SWITCHBOARD_HOME",),
     "latency log": ("SWITCHBOARD_LATENCY_LOG",),
+    "call modes": ("SWITCHBOARD_REPLY_TO", "SWITCHBOARD_FOLLOWUP_S", "SWITCHBOARD_CAPTIONS",
+                   "SWITCHBOARD_CALL_MAX_MINUTES", "SWITCHBOARD_SESSION_ROLLOVER_S"),
     "discord": (*_TOKEN, "SWITCHBOARD_RUNS_CHANNEL_ID", "SWITCHBOARD_HOME"),
     "listener": ("TRANSCRIPT_LISTENER_API_KEY", "SMARTNUMBERS_STREAM_URL", "SMARTNUMBERS_ALLOWED_STREAM_HOSTS",
                  "SMARTNUMBERS_ALLOW_INSECURE_LOCAL", "SWITCHBOARD_AGENT_NAME", "SWITCHBOARD_ACTIVATION_NAMES"),
@@ -76,6 +78,7 @@ def run_checks(report: SettingsReport, env_source: str = "") -> list[Check]:
     settings = report.settings
     checks += _unless_failed(report, "store", lambda: [_home(settings)])
     checks += _unless_failed(report, "latency log", lambda: [_latency_log(settings)])
+    checks += _unless_failed(report, "call modes", lambda: [_call_modes(settings)])
     checks += _unless_failed(report, "discord", lambda: _discord(settings))
     if settings.discord_token is not None:
         checks += _unless_failed(report, "recaps", lambda: [_recaps(settings)])
@@ -254,6 +257,14 @@ def _latency_log(settings) -> Check:
     if problem := output_problem(settings.latency_log, "SWITCHBOARD_LATENCY_LOG"):
         return Check("latency log", "bad", problem)
     return Check("latency log", "ok", f"appended to {settings.latency_log}")
+
+
+def _call_modes(settings) -> Check:
+    """What a voice call starts with (`/talk mode` and `/talk captions` change one call's)."""
+    limit = f"{settings.call_max_minutes:g} min" if settings.call_max_minutes is not None else "none"
+    return Check("call modes", "ok", f"reply to {settings.reply_to} (follow-up window {settings.followup_s:g} s in "
+                                     f"addressed mode); captions {'on' if settings.captions else 'off'}; call "
+                                     f"limit {limit}; session rollover after {settings.session_rollover_s:g} s")
 
 
 def agent_lanes(settings) -> list[Check]:

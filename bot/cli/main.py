@@ -61,9 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("run", help="the Discord bot with background runs (needs DISCORD_BOT_TOKEN and a provider key)",
                    description="The Discord bot, the background runs service and, when "
                                "TRANSCRIPT_LISTENER_API_KEY is set, the Smartnumbers listener, in one process. "
-                               "Needs DISCORD_BOT_TOKEN and a provider key (see docs/discord.md). Ctrl-C or "
-                               "SIGTERM leave every call and shut down in order: exit 0; 2 when a setting is "
-                               "missing or Discord rejects the token.")
+                               "Needs DISCORD_BOT_TOKEN and a provider key (see docs/discord.md). While Discord "
+                               "cannot be reached it says so and retries (1 s doubling to 60 s). Exit codes: 0 "
+                               "stopped (Ctrl-C or SIGTERM leave every call and shut down in order); 1 Discord "
+                               "refused the gateway intents or a request, or the client failed; 2 a setting is "
+                               "missing or malformed, Discord rejected the token, or the store cannot be opened "
+                               "or is damaged; 130 Ctrl-C before start-up finished.")
     sub.add_parser("listen", help="the Smartnumbers listener alone: archive calls, run their named commands",
                    description="The Smartnumbers listener without Discord: receive phone-call transcripts, "
                                "archive them, learn durable facts, and run the review, callbacks and named "
@@ -133,6 +136,10 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command is None:  # a usage mistake like any other: the help says what to type, exit 2
+        parser.print_help(sys.stderr)
+        print("switchboard: name a command, e.g. `switchboard doctor` (see above)", file=sys.stderr)
+        return EXIT_USAGE
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # httpx logs every request's full URL at INFO (a presigned transcript URL's signature) and httpcore
@@ -151,9 +158,6 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         checks = doctor.run_checks(report, _env_source(args.env_file))
         print(doctor.render(checks))
         return doctor.exit_code(checks)
-    if args.command is None:
-        parser.print_help()
-        return 0
     if not _settings_usable(report, args.command):
         return EXIT_USAGE
     if args.command == "start":

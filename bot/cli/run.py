@@ -1,11 +1,12 @@
 """`switchboard run`: the Discord bot, the runs service and the Smartnumbers listener, in one process.
 
-Start-up refuses with one line per missing setting; a rejected token is said as such. The listener
-starts once Discord is ready. With SWITCHBOARD_HTTP_ADDR, `/healthz`, `/readyz` and `/metrics` are served
-from before the gateway opens until the very end (`bot.fleet`): ready once Discord is connected. SIGINT
-and SIGTERM shut down in order — `/readyz` turns 503 (draining), stop the listener, leave every call (tool
-outputs settle; its row is marked to resume), stop watching runs, close the gateway normally (1000),
-close the store — and exit 0.
+Start-up refuses with one line per missing setting; a rejected token is said as such. While Discord
+cannot be reached (the network is not up yet, an outage), it says so and retries with backoff
+(1 s doubling to 60 s) until it can or is stopped. The listener starts once Discord is ready. With
+SWITCHBOARD_HTTP_ADDR, `/healthz`, `/readyz` and `/metrics` are served from before the gateway opens until
+the very end (`bot.fleet`): ready once Discord is connected. SIGINT and SIGTERM shut down in order —
+`/readyz` turns 503 (draining), stop the listener, leave every call (tool outputs settle; its row is
+marked to resume), stop watching runs, close the gateway normally (1000), close the store — and exit 0.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import logging
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from itertools import count
 
+import aiohttp
 import discord
 
 from bot.cli.args import EXIT_USAGE, serve_unless
@@ -25,7 +28,7 @@ from bot.fleet.http import EndpointError
 from bot.fleet.readiness import Readiness
 from bot.fleet.readings import ProcessParts, serve_endpoints
 from bot.phone.delivery import ListenerDelivery
-from bot.phone.listener import KeySource, listener_problem
+from bot.phone.listener import KeySource
 from bot.services import Services, build_services, stop_on_signals
 from bot.settings import Settings, SettingsError, realtime_api_key
 from common.store import StoreError
@@ -36,6 +39,12 @@ log = logging.getLogger(__name__)
 EXIT_OK, EXIT_FAILED = 0, 1
 SHUTDOWN_BUDGET_S = 10.0
 RESUME_HOLD_S = 60.0  # runs that finished while the service was down wait this long for its calls to be rejoined
+LOGIN_BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)  # waits between log-in attempts; the last repeats
+# What a retry can fix: no route or connection (OSError covers aiohttp's connector errors), a timeout, Discord's 5xx.
+UNREACHABLE = (OSError, aiohttp.ClientError, asyncio.TimeoutError, discord.DiscordServerError)
+
+# `pause(seconds, stopping)` waits between log-in attempts and is True when `stopping` was set meanwhile.
+Pause = Callable[[float, asyncio.Event], Awaitable[bool]]
 
 
 def missing_settings(settings: Settings) -> list[str]:
@@ -60,10 +69,11 @@ def run(settings: Settings, listener_key=None) -> int:
 
 async def serve(settings: Settings, stopping: asyncio.Event | None = None,
                 ready: asyncio.Future[SwitchboardBot] | None = None, listener_key: KeySource | None = None,
-                readiness: Readiness | None = None) -> int:
+                readiness: Readiness | None = None, pause: Pause | None = None) -> int:
     """Run until SIGINT/SIGTERM (or `stopping` is set); `ready` gets the bot once it has logged in and
     synced its commands (interactions arrive once the gateway is READY, right after); `readiness` is
-    what `/readyz` answers (its drain steps run when the shutdown begins)."""
+    what `/readyz` answers (its drain steps run when the shutdown begins). `pause` waits between log-in
+    attempts (tests pass their own; default: the real wait, cut short by `stopping`)."""
     bot = SwitchboardBot(settings)
     bot.ready_future = ready
     stopping = stopping or asyncio.Event()
@@ -76,19 +86,19 @@ async def serve(settings: Settings, stopping: asyncio.Event | None = None,
                                  gateway_up=lambda: bot.connected.is_set() and not bot.is_closed())
             async with serve_endpoints(settings.http_addr, parts):
                 with stop_on_signals(stopping):
-                    return await _serve(bot, services, stopping, listener_key, parts)
+                    return await _serve(bot, services, stopping, listener_key, parts, pause or _pause)
     except (StoreError, EndpointError) as exc:
         print(f"switchboard run: {exc}", file=sys.stderr)
         return EXIT_USAGE
 
 
 async def _serve(bot: SwitchboardBot, services: Services, stopping: asyncio.Event,
-                 listener_key: KeySource | None, parts: ProcessParts) -> int:
+                 listener_key: KeySource | None, parts: ProcessParts, pause: Pause) -> int:
     code = EXIT_OK
     stream = parts.listener = _build_listener(services, listener_key)
     starting = None
     token = services.settings.discord_token.get_secret_value()  # type: ignore[union-attr]
-    runner = asyncio.create_task(bot.start(token), name="discord")
+    runner = asyncio.create_task(_start(bot, token, stopping, pause), name="discord")
     connected = asyncio.create_task(_ready_when_connected(bot, parts.readiness), name="readiness")
     try:
         if stream is not None:  # cards and results need the guilds: listen once Discord is ready
@@ -114,14 +124,43 @@ async def _serve(bot: SwitchboardBot, services: Services, stopping: asyncio.Even
     return code
 
 
+async def _start(bot: SwitchboardBot, token: str, stopping: asyncio.Event, pause: Pause) -> None:
+    """`Client.start`, but a log-in that cannot reach Discord is said and retried with backoff (once
+    logged in, discord.py reconnects by itself). Returns early when `stopping` is set during a wait."""
+    for attempt in count():
+        try:
+            await bot.login(token)
+            break
+        except UNREACHABLE as exc:
+            delay = LOGIN_BACKOFF_S[min(attempt, len(LOGIN_BACKOFF_S) - 1)]
+            print(f"switchboard run: cannot reach Discord ({_reason(exc)}); retrying in {delay:g} s "
+                  "(Ctrl-C to stop)", file=sys.stderr)
+            await bot.http.close()  # the next attempt opens a new session and connector
+            bot.http.connector = discord.utils.MISSING
+            if await pause(delay, stopping):
+                return
+    if attempt:
+        print("switchboard run: reached Discord", file=sys.stderr)
+    await bot.connect(reconnect=True)
+
+
+async def _pause(seconds: float, stopping: asyncio.Event) -> bool:
+    try:
+        await asyncio.wait_for(stopping.wait(), seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
+def _reason(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {str(exc)[:200]}" if str(exc) else type(exc).__name__
+
+
 def _build_listener(services: Services, key: KeySource | None = None):
-    """The Smartnumbers listener when it is configured; one line says why when not."""
-    settings = services.settings
-    if settings.listener_key is None:
+    """The Smartnumbers listener when it is configured; the log says so when not. (A malformed listener
+    setting has already stopped the command, as every malformed setting does.)"""
+    if services.settings.listener_key is None:
         log.info("Smartnumbers listener off: TRANSCRIPT_LISTENER_API_KEY is not set")
-        return None
-    if problem := listener_problem(settings):
-        print(f"switchboard run: the Smartnumbers listener does not start: {problem}", file=sys.stderr)
         return None
     return services.listener(key)
 
@@ -155,7 +194,7 @@ def _start_failure(runner: asyncio.Task) -> int:
         print("switchboard run: Discord refused the gateway intents", file=sys.stderr)
         return EXIT_FAILED
     if isinstance(exc, (discord.HTTPException, discord.GatewayNotFound, OSError)):
-        print(f"switchboard run: cannot reach Discord ({type(exc).__name__}: {str(exc)[:200]})", file=sys.stderr)
+        print(f"switchboard run: Discord failed ({_reason(exc)})", file=sys.stderr)
         return EXIT_FAILED
     if exc is not None:
         log.error("the Discord client stopped", exc_info=exc)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import sys
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -42,9 +43,9 @@ def add_parser(subparsers: Any) -> None:
     listing.add_argument("--limit", type=whole_number(1, MAX_LIST), default=20,
                          help=f"how many (1-{MAX_LIST}, default 20)")
     show = actions.add_parser("show", help="one run: state, output, notes, events")
-    show.add_argument("run", help="the run number")
+    show.add_argument("run", type=run_reference, help="the run number (12 or #12)")
     stop = actions.add_parser("stop", help="stop a run on its lane")
-    stop.add_argument("run", help="the run number")
+    stop.add_argument("run", type=run_reference, help="the run number (12 or #12)")
     stop.add_argument("--reason", default="stopped from the command line", help="recorded with the stop")
     for parser in (listing, show, stop):
         parser.add_argument("--json", action="store_true", help="machine-readable output")
@@ -125,6 +126,15 @@ async def _list(service: RunService, args: argparse.Namespace, out: TextIO, now:
         print(f"{t.id:>4}  {t.state.value:<21} {t.lane:<11} {elapsed_words(t.elapsed(now)):<16} "
               f"{bounded(t.task, 60)}{flag}", file=out)
     return 0
+
+
+def run_reference(text: str) -> str:
+    """argparse type: text that reads as a run number (`12`, `#12`), so `runs show abc` is a usage mistake
+    that says so, not "there is no run abc". Whether that run exists is `run_number`'s and the store's."""
+    if not re.fullmatch(r"\s*#?[0-9]+\s*", text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a run number (e.g. 12 or #12; `switchboard runs list` "
+                                         "shows them)")
+    return text
 
 
 def run_number(text: str) -> int:

@@ -123,6 +123,9 @@ async def _call(settings: Settings, args, provider: RealtimeProvider, transport,
     if file_mode:
         if code in (EXIT_FAILED, EXIT_TIMEOUT):
             transport.discard_empty_output()  # a failed call leaves no empty OUT.wav behind
+        elif signals and transport.discard_empty_output():  # nor does one interrupted before any answer
+            print(f"switchboard talk: interrupted before the assistant said anything; {args.output_wav} not written",
+                  file=sys.stderr)
         else:
             silent = args.input_wav if transport.input_silent else None
             line = summary(args.output_wav, transport.output_ms, telemetry.count, silent_input=silent, usage=engine.usage)

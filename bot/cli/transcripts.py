@@ -28,8 +28,9 @@ def add_parser(subparsers: Any) -> None:
     parser = subparsers.add_parser("transcripts", help="archived phone calls: search them, show one",
                                    description="The phone-call archive in SWITCHBOARD_HOME's store, without a call "
                                                "or Discord. What it prints is what callers said: external, "
-                                               "untrusted text. Exit codes: 0 ok (also when nothing matched), 1 the "
-                                               "store failed, 2 usage (no such call).")
+                                               "untrusted text. Exit codes: 0 ok (also when nothing matched), 2 usage "
+                                               "(no such call, a search with no words) or the store (cannot be "
+                                               "opened, damaged).")
     actions = parser.add_subparsers(dest="transcripts_command", metavar="ACTION", required=True)
     search = actions.add_parser("search", help="turns that contain all the words, best match first")
     search.add_argument("query", nargs="+", help="words to look for")

@@ -17,7 +17,7 @@ from tests.support.paths import ROOT
     ("SWITCHBOARD_ENDPOINTING", "locl", "use server or local"),
     ("SWITCHBOARD_IDENTITY_INCLUDE", "persona,memroy", "unknown section memroy"),
     ("SWITCHBOARD_IDENTITY_INCLUDE", ",", "names no section"),
-    ("SMARTNUMBERS_ALLOW_INSECURE_LOCAL", "maybe", "use true or false"),
+    ("SMARTNUMBERS_ALLOW_INSECURE_LOCAL", "maybe", "use true, false, yes, no, on, off, 1 or 0"),
     ("SMARTNUMBERS_MAX_MESSAGE_BYTES", "12", "must be between 1024 and 67108864 bytes"),
     ("SMARTNUMBERS_ALLOWED_STREAM_HOSTS", "https://evil.example/x", "is not a host name"),
     ("SWITCHBOARD_AGENT_NAME", "Ares; rm -rf", "must be a name"),
@@ -26,7 +26,7 @@ from tests.support.paths import ROOT
     ("SWITCHBOARD_MIN_INTERRUPTION_MS", "9999", "must be between 0"),
     ("SWITCHBOARD_MIN_INTERRUPTION_MS", "soon", "is not a whole number of milliseconds"),
     ("SWITCHBOARD_FOLLOWUP_S", "-1", "greater than 0"),
-    ("SWITCHBOARD_CAPTIONS", "maybe", "use true or false"),
+    ("SWITCHBOARD_CAPTIONS", "maybe", "is not true or false; use true, false, yes, no, on, off, 1 or 0"),
     ("SWITCHBOARD_REALTIME_URL", "not a url", "not a wss:// URL"),
     ("SWITCHBOARD_VOICE", "robot", "unknown openai voice 'robot'"),
     ("SWITCHBOARD_MODEL", "gpt realtime", "is not a model name"),
@@ -49,6 +49,18 @@ from tests.support.paths import ROOT
     ("SWITCHBOARD_AGENT_COMMAND", "hermes -z", "does not contain {task}"),
     ("SWITCHBOARD_AGENT_COMMAND", "hermes -z '{task}", "check its quotes"),
     ("SWITCHBOARD_AGENT_TIMEOUT_S", "-5", "greater than 0"),
+    # sanity limits of the call's timing settings (issue 29 item 16)
+    ("SWITCHBOARD_FOLLOWUP_S", "1e9", "must be between 1 and 300 seconds"),
+    ("SWITCHBOARD_SESSION_ROLLOVER_S", "1e300", "must be between 60 and 3540 seconds; OpenAI ends a session at 60"),
+    ("SWITCHBOARD_SESSION_ROLLOVER_S", "3600", "must be between 60 and 3540 seconds"),
+    ("SWITCHBOARD_SESSION_ROLLOVER_S", "5", "must be between 60 and 3540 seconds"),
+    ("SWITCHBOARD_CALL_MAX_MINUTES", "0.001", "must be between 0.05 and 1440 minutes"),
+    ("SWITCHBOARD_CALL_MAX_MINUTES", "1e9", "must be between 0.05 and 1440 minutes"),
+    ("SWITCHBOARD_DEAF_SECONDS", "0.001", "must be between 1 and 60 seconds"),
+    ("SWITCHBOARD_DEAF_SECONDS", "3600", "must be between 1 and 60 seconds"),
+    # a stream URL the listener key may not go to stops every command, in the usual form (item 15)
+    ("SMARTNUMBERS_STREAM_URL", "ws://203.0.113.5/ws", "only wss:// is accepted"),
+    ("SMARTNUMBERS_STREAM_URL", "wss://evil.example/ws/hermes", "not in SMARTNUMBERS_ALLOWED_STREAM_HOSTS"),
 ])
 def test_each_malformed_value_is_one_problem_naming_the_variable_and_quoting_the_value(name, value, reason):
     report = check_settings({name: value})
@@ -168,6 +180,37 @@ def test_unknown_switchboard_variables_are_named_with_a_suggestion():
     report = check_settings({"SWITCHBOARD_ENDPOINTNG": "local", "UNRELATED": "x"})
     assert report.problems == () and report.ignored == (
         "SWITCHBOARD_ENDPOINTNG is not a Switchboard setting and is ignored; did you mean SWITCHBOARD_ENDPOINTING?",)
+
+
+@pytest.mark.parametrize("value", ["true", "1", "yes", "on", "TRUE", " On "])
+def test_every_spelling_the_flag_message_names_is_accepted(value):
+    assert Settings.from_env({"SWITCHBOARD_CAPTIONS": value}).captions is True
+    assert Settings.from_env({"SWITCHBOARD_CAPTIONS": {"true": "false", "1": "0", "yes": "no"}.get(
+        value, "off")}).captions is False
+
+
+def test_the_timing_limits_accept_their_bounds_and_the_defaults():
+    settings = Settings.from_env({"SWITCHBOARD_FOLLOWUP_S": "300", "SWITCHBOARD_SESSION_ROLLOVER_S": "3540",
+                                  "SWITCHBOARD_CALL_MAX_MINUTES": "0.05", "SWITCHBOARD_DEAF_SECONDS": "1"})
+    assert (settings.followup_s, settings.session_rollover_s, settings.call_max_minutes, settings.deaf_after_s) == (
+        300.0, 3540.0, 0.05, 1.0)
+    defaults = Settings.from_env({})
+    assert (defaults.followup_s, defaults.session_rollover_s, defaults.deaf_after_s) == (15.0, 3300.0, 5.0)
+
+
+def test_a_setting_name_in_the_wrong_case_stops_every_command_naming_the_right_one():
+    report = check_settings({"switchboard_guild_ids": "123456789012345678", "Switchboard_Captions": "true",
+                             "switchboard_captoins": "true", "openai_api_key": "sk-NEVER-SHOWN-1234"})
+    assert report.problems == (
+        "Switchboard_Captions is not read (value not shown): setting names are upper case; rename it "
+        "SWITCHBOARD_CAPTIONS",
+        "openai_api_key is not read (value not shown): setting names are upper case; rename it OPENAI_API_KEY",
+        "switchboard_guild_ids is not read (value not shown): setting names are upper case; rename it "
+        "SWITCHBOARD_GUILD_IDS")
+    assert report.failed == {"SWITCHBOARD_CAPTIONS", "OPENAI_API_KEY", "SWITCHBOARD_GUILD_IDS"}
+    assert report.ignored == ("switchboard_captoins is not a Switchboard setting and is ignored; did you mean "
+                              "SWITCHBOARD_CAPTIONS?",)
+    assert report.settings.guild_ids == frozenset()  # never read: the command stops rather than serve every guild
 
 
 def test_every_setting_is_documented_and_the_example_values_parse(tmp_path):

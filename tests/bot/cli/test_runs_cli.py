@@ -64,7 +64,7 @@ async def test_list_and_show_read_the_store_as_text_and_json(tmp_path):
 
 async def test_an_unknown_run_number_is_one_clear_line_and_exit_2(tmp_path):
     await recorded_home(tmp_path / "home")
-    for argv in (("show", "9"), ("stop", "9"), ("show", "nine")):
+    for argv in (("show", "9"), ("stop", "9"), ("show", "#9")):
         code, out, err = await cli(tmp_path, *argv)
         assert code == 2 and out == "" and len(err.strip().splitlines()) == 1
         assert "there is no run" in err

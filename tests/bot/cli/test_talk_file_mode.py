@@ -75,13 +75,34 @@ async def test_ctrl_c_ends_the_call_with_exit_130_and_keeps_what_was_said(tmp_pa
             sys.executable, "-m", "bot", "--env-file", os.devnull, "talk",
             "--input-wav", str(wav_in), "--output-wav", str(wav_out), cwd=ROOT, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
-        await fake.wait_for(lambda: any(e["type"] == "response.output_audio.delta" for e in fake.sent), timeout=10)
+        # some of the answer has reached OUT.wav (past the writer's buffer), so something was said
+        await fake.wait_for(lambda: wav_out.exists() and wav_out.stat().st_size > 16_384, timeout=20)
         proc.send_signal(signal.SIGINT)
         out, err = await asyncio.wait_for(proc.communicate(), 20)
     assert proc.returncode == 130, err.decode()
     assert "Traceback" not in err.decode() and KEY not in err.decode()
-    with wave.open(str(wav_out)) as wav:  # a valid, finalised file
-        assert wav.getframerate() == 24_000
+    with wave.open(str(wav_out)) as wav:  # a valid, finalised file holding what was said
+        assert wav.getframerate() == 24_000 and wav.getnframes() >= 8_000
+
+
+async def test_ctrl_c_before_the_assistant_said_anything_exits_130_and_leaves_no_empty_wav(tmp_path):
+    wav_in, wav_out = tmp_path / "in.wav", tmp_path / "out.wav"
+    write_conversation_wav(wav_in)
+    async with FakeRealtime([AudioReply("Never heard.", audio_ms=500)]) as fake:
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path),
+               "OPENAI_API_KEY": KEY, "SWITCHBOARD_REALTIME_URL": fake.url}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "bot", "--env-file", os.devnull, "talk",
+            "--input-wav", str(wav_in), "--output-wav", str(wav_out), cwd=ROOT, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        await fake.wait_received("input_audio_buffer.append")  # the call is on; the caller is still speaking
+        proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 20)
+        answered = "response.output_audio.delta" in fake.sent_types()
+    assert proc.returncode == 130 and not answered, err.decode()
+    assert err.decode().splitlines()[-1] == (f"switchboard talk: interrupted before the assistant said anything; "
+                                             f"{wav_out} not written")
+    assert not wav_out.exists()  # not a 44-byte WAV holding nothing
 
 
 async def test_timeout_exits_3_and_leaves_no_empty_wav(tmp_path):

@@ -33,7 +33,7 @@ class BotProcess:
 
     async def __aenter__(self) -> BotProcess:
         self.pcm_dir.mkdir(exist_ok=True)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT),
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(ROOT), "HOME": str(self.workdir),
                "FAKE_DISCORD_PCM_DIR": str(self.pcm_dir), "FAKE_DISCORD_LOG": str(self.log_path),
                **self.fake.bot_env()}
         self._proc = await asyncio.create_subprocess_exec(
