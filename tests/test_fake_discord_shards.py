@@ -14,6 +14,7 @@ import pytest
 from discord.errors import ConnectionClosed
 
 from tests.support.fake_discord import FakeDiscord, point_discord_py_at
+from tests.support.fake_discord.bot_process import BotProcess
 from tests.support.fake_discord.pointing import shut_down_like_ctrl_c
 from tests.support.fake_discord.shards import Sharding, parse_shard, shard_of
 
@@ -128,6 +129,86 @@ async def test_auto_sharded_client_takes_the_recommended_shards_and_each_gets_on
     assert 0 < limits.reset_after <= 86_400_000
     assert delivered(fake, "INTERACTION_CREATE") == {1: {on_shard_1.id}} and seen.answers == ["ok"]
     assert pending.response["data"]["content"] == "answered"
+
+
+async def test_auto_sharded_client_with_its_own_shard_ids_runs_only_those_shards():
+    async with FakeDiscord() as fake:
+        await guilds_on_every_shard(fake, 3)
+        seen = Recorder()
+        client = instrument(discord.AutoShardedClient(intents=discord.Intents.default(), shard_ids=[1, 2],
+                                                      shard_count=3), seen)
+        mine = {g.id for g in fake.guilds if shard_of(g.id, 3) in (1, 2)}
+        async with running(fake, client):
+            await seen.wait(lambda: seen.available == mine)
+        fake.assert_clean()
+
+    assert not fake.rest_calls("GET", "/gateway/bot")  # a given shard_count dials the gateway directly
+    assert {g.id for g in client.guilds} == mine and len(mine) == 2
+    assert seen.hooks == [(1, True), (2, False)]
+    assert [r.shard for r in fake.sharding.identifies] == [(1, 3), (2, 3)]
+
+
+async def test_two_sessions_on_one_shard_both_see_an_interaction_and_the_second_answer_gets_40060():
+    async with FakeDiscord() as fake:
+        alice = fake.add_user("alice")
+        fake.state.register_commands(None, [{"name": "ping", "description": "d"}])
+        seen = Recorder()  # shared: both clients answer into one list
+        old, new = (instrument(discord.Client(intents=discord.Intents.default()), seen) for _ in range(2))
+        async with running(fake, old, new):
+            await seen.wait(lambda: len(fake.gateway.live(fake.guild_id)) == 2 and len(seen.hooks) == 2)
+            await fake.journal.wait_for(lambda: len(fake.journal.dispatched("GUILD_CREATE")) == 2)
+            pending = await fake.send_interaction("ping", user=alice)
+            await seen.wait(lambda: len(seen.answers) == 2)
+            await fake.add_text_channel("both")  # any guild event reaches both sessions too
+        fake.assert_clean()
+
+    assert sorted(seen.answers, key=str) == sorted(
+        ["ok", (400, 40060, "Interaction has already been acknowledged.")], key=str)
+    callbacks = fake.rest_calls("POST", f"/interactions/{pending.id}/{pending.token}/callback")
+    assert sorted(c.status for c in callbacks) == [200, 400]
+    sessions = [s for s in fake.gateway.sessions if s.session_id]
+    assert len(sessions) == 2 and sessions[0].session_id != sessions[1].session_id
+    for session in sessions:
+        assert [e["t"] for e in session.sent_events if e["t"] in ("INTERACTION_CREATE", "CHANNEL_CREATE")] == [
+            "INTERACTION_CREATE", "CHANNEL_CREATE"]
+
+
+async def test_a_second_session_joining_voice_moves_the_voice_state_and_closes_the_first_with_4014(tmp_path):
+    """The hand-off: a new process (gateway session) joins the call's channel; Discord moves the bot's one
+    voice state to it and closes the older voice connection with 4014. discord.py's old VoiceClient takes
+    that for a move, waits its connect timeout for a VOICE_SERVER_UPDATE that only the new session gets,
+    then disconnects with op 4 (channel null), which takes the voice state away from the new session too:
+    an old process must drop its voice client without that op 4."""
+    async with FakeDiscord(voice=True, workdir=tmp_path) as fake:
+        bot = fake.bot.id
+        for name in ("old", "new"):
+            (tmp_path / name).mkdir()
+        async with BotProcess(fake, tmp_path / "old") as old:
+            await old.wait_event("guild_available")
+            async with BotProcess(fake, tmp_path / "new") as new:
+                await new.wait_event("guild_available")
+                old_session, new_session = [s for s in fake.gateway.sessions if s.session_id]
+                await old.send("join", channel_id=fake.voice_channel.id, timeout=5.0)
+                await old.wait_event("joined")
+                moved = old.mark()
+                await new.send("join", channel_id=fake.voice_channel.id)
+                await new.wait_event("joined")
+                holder = fake.state.guild.voice_sessions[bot]
+                await old.wait_event("voice_log", after=moved, where=lambda e: "by force" in e["message"])
+                closes = list(fake.journal.closed_by_fake)
+                # after its 5 s connect timeout the old client gives up and sends op 4 with no channel
+                await old.wait_event("voice_log", after=moved, timeout=30,
+                                     where=lambda e: "Reconnect was unsuccessful" in e["message"])
+                await fake.journal.wait_for(lambda: fake.state.guild.voice.get(bot) is None)
+                await new.wait_event("voice_log", where=lambda e: "externally disconnected" in e["message"])
+        fake.assert_clean()
+
+    assert holder == new_session.session_id
+    assert closes == [("voice", 4014)]  # the old connection, closed by the fake
+    heard = [e["d"]["session_id"] for e in old_session.sent_events if e["t"] == "VOICE_STATE_UPDATE"]
+    assert heard[:2] == [old_session.session_id, new_session.session_id]  # the old session heard the move
+    assert sum(e["t"] == "VOICE_SERVER_UPDATE" for e in old_session.sent_events) == 1  # only for its own join
+    assert sum(e["t"] == "VOICE_SERVER_UPDATE" for e in new_session.sent_events) == 1
 
 
 async def test_one_shard_per_client_gets_its_guilds_and_dms_reach_shard_0_only():

@@ -81,6 +81,7 @@ class GatewaySession:
         await self.send(payload)
 
     async def close(self, code: int, reason: str) -> None:
+        self.state.journal.closed_by_fake.append(("gateway", code))
         await self.ws.close(code=code, message=reason.encode())
 
 

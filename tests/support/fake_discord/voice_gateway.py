@@ -128,6 +128,7 @@ class VoiceSession:
         self.server.journal.changed()
 
     async def close(self, code: int, reason: str) -> None:
+        self.server.journal.closed_by_fake.append(("voice", code))
         await self.ws.close(code=code, message=reason.encode())
 
 
