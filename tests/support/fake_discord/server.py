@@ -41,7 +41,8 @@ HOST = "127.0.0.1"
 
 
 class FakeDiscord:
-    """A strict loopback Discord for one bot in one guild (see the package README in docs/testing-discord.md)."""
+    """A strict loopback Discord: one bot in one guild by default; more guilds, shards and sessions on
+    request (docs/testing.md, "A fake Discord")."""
 
     def __init__(self, *, token: str = "fake-bot-token.Switchboard.0123456789", voice: bool = False,
                  workdir: Path | None = None, allowed_privileged_intents: int = 0,
