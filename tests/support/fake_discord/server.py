@@ -290,7 +290,7 @@ class FakeDiscord:
             guild.voice[bot] = channel_id
             guild.voice_sessions[bot] = session.session_id
         if self.voice is not None and guild is self.state.guild:
-            await self.voice.disconnect_other_sessions(session.session_id)
+            self.voice.disconnect_other_sessions(session.session_id)
         # Discord only tells sessions with GUILD_VOICE_STATES
         await self.gateway.dispatch(guild.id, "VOICE_STATE_UPDATE", guild.voice_state(bot), intent=VOICE_STATES_INTENT)
         if channel_id is not None:

@@ -158,12 +158,13 @@ class VoiceServer:
     def revoke_tokens(self) -> None:
         self._tokens.clear()
 
-    async def disconnect_other_sessions(self, gateway_session_id: str) -> None:
+    def disconnect_other_sessions(self, gateway_session_id: str) -> None:
         """Op 4 from another gateway session moved the bot's voice state: Discord closes the older voice
-        connections with 4014 ("Disconnected ... Should not reconnect")."""
+        connections with 4014 ("Disconnected ... Should not reconnect"). In the background: the socket of
+        a killed process may not be known dead yet, and a close waits for the peer's answer."""
         for session in self.sessions:
             if session.identified and not session.ws.closed and session.gateway_session_id != gateway_session_id:
-                await session.close(4014, "Disconnected.")
+                self.spawn(session.close(4014, "Disconnected."), "closing an older voice connection")
 
     def next_ssrc(self) -> int:
         return next(self._ssrcs)
