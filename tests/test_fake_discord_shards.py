@@ -18,9 +18,6 @@ from tests.support.fake_discord.bot_process import BotProcess
 from tests.support.fake_discord.pointing import shut_down_like_ctrl_c
 from tests.support.fake_discord.shards import Sharding, parse_shard, shard_of
 
-# The hand-off test runs two voice bots in subprocesses: it shares the fake Discord voice rig's lane.
-pytestmark = pytest.mark.xdist_group("real_time_fake_discord_voice_rig")
-
 
 async def guilds_on_every_shard(fake: FakeDiscord, num_shards: int) -> None:
     """Add a guild on each shard the first guild is not on."""
@@ -174,6 +171,8 @@ async def test_two_sessions_on_one_shard_both_see_an_interaction_and_the_second_
             "INTERACTION_CREATE", "CHANNEL_CREATE"]
 
 
+# Two voice bots in subprocesses: the test shares the fake Discord voice rig's lane (tests/test_fake_discord.py).
+@pytest.mark.xdist_group("real_time_fake_discord_voice_rig")
 async def test_a_second_session_joining_voice_moves_the_voice_state_and_closes_the_first_with_4014(tmp_path):
     """The hand-off: a new process (gateway session) joins the call's channel; Discord moves the bot's one
     voice state to it and closes the older voice connection with 4014. discord.py's old VoiceClient takes
