@@ -315,3 +315,22 @@ def test_session_start_limit_resets_after_a_day():
     now[0] += 86_400.0
     assert sharding.gateway_bot("ws://x/")["session_start_limit"] == {
         "total": 2, "remaining": 2, "reset_after": 86_400_000, "max_concurrency": 1}
+
+
+async def test_an_identify_past_the_daily_limit_ends_every_session():
+    async with FakeDiscord(sharding=Sharding(total=1000, remaining=1)) as fake, aiohttp.ClientSession() as http:
+        url = fake.gateway.url + "?v=10&encoding=json"
+        identify = {"op": 2, "d": {"token": fake.token, "intents": 0, "properties": {
+            "os": "linux", "browser": "raw", "device": "raw"}}}
+        async with http.ws_connect(url) as first, http.ws_connect(url) as second:
+            await first.receive()  # HELLO
+            await first.send_json(identify)
+            ready = json.loads((await first.receive()).data)
+            await second.receive()
+            await second.send_json(identify)
+            ended = [(await asyncio.wait_for(ws.receive(), 15)).data for ws in (second, first)]
+    assert ready["t"] == "READY"
+    assert ended == [4004, 4004]
+    assert fake.journal.violations == ["IDENTIFY past session_start_limit.remaining: Discord would end every "
+                                       "session and reset the bot token"]
+    assert [r.outcome for r in fake.sharding.identifies] == ["ready", "limit_spent"]
