@@ -1,4 +1,4 @@
-"""A strict fake Discord on loopback for testing with the real discord.py (docs/testing-discord.md).
+"""A strict fake Discord on loopback for testing with the real discord.py (docs/testing.md, "A fake Discord").
 
 Its names load when first used: the bot processes the rig starts import only `pointing` (which points
 discord.py here), not the server with its TLS, DAVE and speech machinery (~0.4 s of imports each)."""

@@ -12,7 +12,8 @@ Commands, one JSON object per stdin line: {"cmd": "join", "channel_id": N}, {"cm
 {"cmd": "play", "freq": Hz, "frames": N}, {"cmd": "stats"}. SIGINT ends it as `Client.run` does.
 Events, one JSON object per stdout line: guild_available, joined (with the socket-listener
 registrations seen while connecting), join_failed, dave (can_encrypt flips), pcm (frames heard
-per user, cumulative), left, played, stats, error.
+per user, cumulative), left, played, stats, error, and voice_log (each record of discord.py's
+`discord.voice_state` logger: how a test sees what discord.py made of a voice close such as 4014).
 """
 
 from __future__ import annotations
@@ -42,6 +43,13 @@ def emit(event: str, **data: Any) -> None:
 
 def _name(callback: Any) -> str:
     return getattr(callback, "__qualname__", repr(callback))
+
+
+class VoiceLog(logging.Handler):
+    """Forwards discord.py's voice connection log as `voice_log` events."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        emit("voice_log", level=record.levelname, message=record.getMessage())
 
 
 class ProbedVoiceClient(ListeningVoiceClient):
@@ -173,6 +181,7 @@ def main() -> None:
     env = os.environ
     log_file = env.get("FAKE_DISCORD_LOG")
     handler = logging.FileHandler(log_file) if log_file else logging.StreamHandler(sys.stderr)
+    logging.getLogger("discord.voice_state").addHandler(VoiceLog())
     bot = TestBot(Path(env["FAKE_DISCORD_PCM_DIR"]))
     with point_discord_py(env["FAKE_DISCORD_API"], env["FAKE_DISCORD_GATEWAY"]):
         bot.run(env["FAKE_DISCORD_TOKEN"], log_handler=handler,

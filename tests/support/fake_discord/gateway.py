@@ -4,8 +4,11 @@ dispatches the test asks for, and the bot's voice state requests (op 4).
 Compression is what the URL asks for: `compress=zlib-stream` gets one zlib stream with a
 Z_SYNC_FLUSH per message in binary frames; no `compress` gets text frames. Close codes are
 Discord's: 4001 unknown opcode, 4002 decode error, 4003 not authenticated, 4004 authentication
-failed, 4005 already authenticated, 4012 invalid API version, 4013 invalid intents,
-4014 disallowed (privileged) intents.
+failed, 4005 already authenticated, 4010 invalid shard, 4011 sharding required, 4012 invalid API
+version, 4013 invalid intents, 4014 disallowed (privileged) intents.
+
+Several sessions may be identified at once (`Gateway.live`); each holds a shard (`shards.py`) and
+gets READY, GUILD_CREATE and every guild event only for that shard's guilds, DMs on shard 0 only.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from aiohttp import WSMsgType, web
 
 from tests.support.fake_discord.journal import Frame
 from tests.support.fake_discord.objects import VOICE
+from tests.support.fake_discord.shards import INVALID_SHARD, SHARDING_REQUIRED, Sharding, shard_of
 from tests.support.fake_discord.state import DiscordState
 
 DISPATCH, HEARTBEAT, IDENTIFY, PRESENCE, VOICE_STATE, RESUME, RECONNECT = 0, 1, 2, 3, 4, 6, 7
@@ -29,7 +33,8 @@ GUILDS_INTENT, VOICE_STATES_INTENT = 1 << 0, 1 << 7
 PRIVILEGED_INTENTS = (1 << 1) | (1 << 8) | (1 << 15)  # members, presences, message content
 HEARTBEAT_INTERVAL_MS = 41_250
 
-VoiceRequest = Callable[["GatewaySession", int | None, bool, bool], Awaitable[None]]
+DM_INTENT = 1 << 12  # DIRECT_MESSAGES
+VoiceRequest = Callable[["GatewaySession", int, int | None, bool, bool], Awaitable[None]]
 
 
 class GatewaySession:
@@ -43,7 +48,17 @@ class GatewaySession:
         self.session_id: str | None = None
         self.identify: dict | None = None
         self.intents = 0
+        self.shard = (0, 1)  # [shard_id, num_shards] from IDENTIFY
         self.sent_events: list[dict] = []  # dispatches, for RESUME replay
+        self.resumed_elsewhere = False  # a newer connection RESUMEd this session
+
+    @property
+    def live(self) -> bool:
+        """Identified, still connected, and not taken over by a RESUME."""
+        return self.session_id is not None and not self.ws.closed and not self.resumed_elsewhere
+
+    def holds(self, guild_id: int) -> bool:
+        return shard_of(guild_id, self.shard[1]) == self.shard[0]
 
     @property
     def voice_intent(self) -> bool:
@@ -66,18 +81,34 @@ class GatewaySession:
         await self.send(payload)
 
     async def close(self, code: int, reason: str) -> None:
+        self.state.journal.closed_by_fake.append(("gateway", code))
         await self.ws.close(code=code, message=reason.encode())
 
 
 class Gateway:
     """Serves gateway connections; `current` is the bot's identified session."""
 
-    def __init__(self, state: DiscordState, on_voice_request: VoiceRequest) -> None:
+    def __init__(self, state: DiscordState, on_voice_request: VoiceRequest,
+                 sharding: Sharding | None = None) -> None:
         self.state = state
         self.on_voice_request = on_voice_request
+        self.sharding = sharding or Sharding(clock=state.clock)
         self.sessions: list[GatewaySession] = []
         self.current: GatewaySession | None = None
         self.url = ""  # set by the server once it listens
+
+    def live(self, guild_id: int | None = None) -> list[GatewaySession]:
+        """Sessions that receive `guild_id`'s events (its shard's), or DMs (shard 0) when None."""
+        return [s for s in self.sessions if s.live and (s.holds(guild_id) if guild_id is not None
+                                                        else s.shard[0] == 0)]
+
+    async def dispatch(self, guild_id: int | None, event: str, data: dict, *, intent: int = 0) -> int:
+        """Send a guild event (or a DM event when `guild_id` is None) to every session that gets it, as
+        Discord does; with `intent`, only to sessions that asked for it. Returns how many got it."""
+        sessions = [s for s in self.live(guild_id) if not intent or s.intents & intent]
+        for session in sessions:
+            await session.dispatch(event, data)
+        return len(sessions)
 
     async def handle(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(autoping=True)
@@ -150,22 +181,48 @@ class Gateway:
         props = data.get("properties") or {}
         if not all(isinstance(props.get(k), str) for k in ("os", "browser", "device")):
             self.state.journal.violation(f"IDENTIFY properties incomplete: {props}")
-        session.identify, session.intents = data, intents
+        outcome, shard = self.sharding.admit(data.get("shard"), [g.id for g in self.state.guilds])
+        if outcome == "invalid_shard":
+            await session.close(INVALID_SHARD, "Invalid shard.")
+            return False
+        if outcome == "sharding_required":
+            await session.close(SHARDING_REQUIRED, "Sharding required.")
+            return False
+        if outcome == "invalid_session":  # over max_concurrency: identify again later
+            await session.send({"op": INVALID_SESSION, "d": False})
+            return True
+        if outcome == "limit_spent":
+            await self._spend_past_limit(session)
+            return False
+        session.identify, session.intents, session.shard = data, intents, shard
         session.session_id = secrets.token_hex(16)
         self.current = session
-        guild = self.state.guild
+        guilds = [g for g in self.state.guilds if session.holds(g.id)]
         me = {**self.state.bot.user_payload(), "verified": True, "mfa_enabled": False, "flags": 0}
-        await session.dispatch("READY", {
-            "v": 10, "user": me, "guilds": [{"id": str(guild.id), "unavailable": True}],
+        ready = {
+            "v": 10, "user": me, "guilds": [{"id": str(g.id), "unavailable": True} for g in guilds],
             "session_id": session.session_id, "resume_gateway_url": self.url,
             "application": {"id": str(self.state.application_id), "flags": 0},
             "private_channels": [], "relationships": [], "presences": [], "user_settings": {},
             "guild_join_requests": [], "geo_ordered_rtc_regions": ["fake"],
-        })
+        }
+        if "shard" in data:  # READY echoes the shard when IDENTIFY sent one
+            ready["shard"] = list(shard)
+        await session.dispatch("READY", ready)
         if intents & GUILDS_INTENT:
-            await session.dispatch("GUILD_CREATE", guild.create_payload(self.state.bot.id,
-                                                                        voice_intent=session.voice_intent))
+            for guild in guilds:
+                await session.dispatch("GUILD_CREATE", guild.create_payload(self.state.bot.id,
+                                                                            voice_intent=session.voice_intent))
         return True
+
+    async def _spend_past_limit(self, session: GatewaySession) -> None:
+        """An IDENTIFY past the daily session start limit: Discord ends every session and resets the
+        token (it documents no close code; the fake closes them with 4004)."""
+        self.state.journal.violation("IDENTIFY past session_start_limit.remaining: Discord would end every "
+                                     "session and reset the bot token")
+        for other in [s for s in self.sessions if s.live]:
+            await other.close(4004, "Authentication failed.")
+        await session.close(4004, "Authentication failed.")
 
     async def _resume(self, session: GatewaySession, data: Any) -> bool:
         data = data if isinstance(data, dict) else {}
@@ -177,7 +234,10 @@ class Gateway:
             await session.send({"op": INVALID_SESSION, "d": False})
             return True
         session.session_id, session.identify, session.intents = old.session_id, old.identify, old.intents
-        session.seq, session.sent_events = old.seq, old.sent_events
+        session.shard, session.seq, session.sent_events = old.shard, old.seq, old.sent_events
+        for earlier in self.sessions:  # RESUME is free: it takes nothing from the session start limit
+            if earlier is not session and earlier.session_id == old.session_id:
+                earlier.resumed_elsewhere = True
         self.current = session
         for event in [e for e in old.sent_events if e["s"] > data["seq"]]:
             await session.send(event)
@@ -185,15 +245,18 @@ class Gateway:
         return True
 
     async def _voice_state(self, session: GatewaySession, data: Any) -> None:
-        guild = self.state.guild
-        ok = isinstance(data, dict) and _snowflake(data.get("guild_id")) == guild.id and all(
-            isinstance(data.get(k), bool) for k in ("self_mute", "self_deaf"))
+        guild = self.state.guild_by_id(_snowflake(data.get("guild_id"))) if isinstance(data, dict) else None
+        if guild is not None and not session.holds(guild.id):
+            self.state.journal.violation(f"gateway op 4 for guild {guild.id} on shard {list(session.shard)}, which "
+                                         "does not hold it (op 4 goes out on the guild's shard)")
+            return
+        ok = guild is not None and all(isinstance(data.get(k), bool) for k in ("self_mute", "self_deaf"))
         channel_id = _snowflake(data.get("channel_id")) if ok and data.get("channel_id") is not None else None
         channel = guild.channel(channel_id) if channel_id is not None else None
         if not ok or (channel_id is not None and (channel is None or channel.type != VOICE)):
             self.state.journal.violation(f"gateway op 4 Discord would ignore: {data}")
             return
-        await self.on_voice_request(session, channel_id, data["self_mute"], data["self_deaf"])
+        await self.on_voice_request(session, guild.id, channel_id, data["self_mute"], data["self_deaf"])
 
     async def request_reconnect(self) -> None:
         """Op 7: the bot closes, reconnects to `resume_gateway_url` and RESUMEs."""

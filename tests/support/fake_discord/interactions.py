@@ -28,7 +28,8 @@ def build_command_interaction(state: DiscordState, command: str, options: dict[s
     """`command` is the typed path, e.g. "talk status" or "talk admin reset"; `focused` names the option
     being typed for an autocomplete interaction."""
     path = command.split()
-    registered = _find_command(state, path[0])
+    guild = state.guild_of_channel(channel.id)
+    registered = _find_command(state, path[0], guild.id)
     node, chain = registered, []
     for name in path[1:]:
         node = next((o for o in node.get("options") or []
@@ -48,7 +49,6 @@ def build_command_interaction(state: DiscordState, command: str, options: dict[s
     if resolved:
         data["resolved"] = resolved
     interaction_id, token = state.ids(), state.new_token("aW50ZXJhY3Rpb24")
-    guild = state.guild
     payload = {
         "id": str(interaction_id), "application_id": str(state.application_id),
         "type": APPLICATION_COMMAND if focused is None else APPLICATION_COMMAND_AUTOCOMPLETE,
@@ -64,11 +64,11 @@ def build_command_interaction(state: DiscordState, command: str, options: dict[s
     return pending
 
 
-def _find_command(state: DiscordState, name: str) -> dict:
-    for command in (*state.commands_for(state.guild.id), *state.commands_for(None)):
+def _find_command(state: DiscordState, name: str, guild_id: int) -> dict:
+    for command in (*state.commands_for(guild_id), *state.commands_for(None)):
         if command["name"] == name and command["type"] == 1:
             return command
-    synced = sorted({c["name"] for c in (*state.global_commands, *state.commands_for(state.guild.id))})
+    synced = sorted({c["name"] for c in (*state.global_commands, *state.commands_for(guild_id))})
     raise NotInvocable(f"/{name} is not registered with Discord (synced: {synced})")
 
 

@@ -41,6 +41,7 @@ class Journal:
     rest: list[RestCall] = field(default_factory=list)
     frames: list[Frame] = field(default_factory=list)
     closes: list[tuple[str, int | None]] = field(default_factory=list)  # (link, code sent by the bot)
+    closed_by_fake: list[tuple[str, int]] = field(default_factory=list)  # (link, close code the fake sent)
     udp: list[tuple[int, bytes]] = field(default_factory=list)  # (ssrc, datagram) from the bot
     violations: list[str] = field(default_factory=list)
     _waiters: list[tuple[Callable[[], Any], asyncio.Future]] = field(default_factory=list)

@@ -174,7 +174,7 @@ class RestApi:
         if self._snowflake(request, "app") != self.state.application_id:
             raise DiscordError(403, 20012, "You are not authorized to perform this action on this application")
         guild_id = self._snowflake(request, "guild") if "guild" in request.match_info else None
-        if guild_id is not None and guild_id != self.state.guild.id:
+        if guild_id is not None and self.state.guild_by_id(guild_id) is None:
             raise UNKNOWN_GUILD
         if request.method == "GET":
             return json_response(200, self.state.commands_for(guild_id))
@@ -342,7 +342,7 @@ class RestApi:
         flags = (data or {}).get("flags") or 0
         if kind in (MESSAGE, DEFERRED):
             pending.original = message_payload(
-                message_id=self.state.ids(), channel_id=pending.channel_id, guild_id=self.state.guild.id,
+                message_id=self.state.ids(), channel_id=pending.channel_id, guild_id=int(pending.payload["guild_id"]),
                 author=self.state.bot, body=data if kind == MESSAGE else {}, application_id=self.state.application_id,
                 message_type=CHAT_INPUT_COMMAND_MESSAGE, flags=flags | (LOADING if kind == DEFERRED else 0))
         if request.query.get("with_response") not in ("1", "true", "True"):
@@ -367,7 +367,7 @@ class RestApi:
         check_message(request[BODY], ephemeral_allowed=True)
         body = request[BODY]
         message = message_payload(message_id=self.state.ids(), channel_id=pending.channel_id,
-                                  guild_id=self.state.guild.id, author=self.state.bot, body=body,
+                                  guild_id=int(pending.payload["guild_id"]), author=self.state.bot, body=body,
                                   application_id=self.state.application_id, message_type=CHAT_INPUT_COMMAND_MESSAGE,
                                   flags=body.get("flags") or 0)
         pending.followups.append(message)

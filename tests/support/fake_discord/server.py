@@ -20,11 +20,18 @@ from typing import Any
 from aiohttp import web
 
 from tests.support.fake_discord.checks import MISSING_PERMISSIONS, UNKNOWN_CHANNEL, DiscordError
-from tests.support.fake_discord.gateway import GUILDS_INTENT, Gateway, GatewaySession
+from tests.support.fake_discord.gateway import (
+    DM_INTENT,
+    GUILDS_INTENT,
+    VOICE_STATES_INTENT,
+    Gateway,
+    GatewaySession,
+)
 from tests.support.fake_discord.interactions import build_command_interaction
 from tests.support.fake_discord.journal import Journal, RestCall
-from tests.support.fake_discord.objects import TEXT, Channel, SimUser, ThreadChannel, message_payload
+from tests.support.fake_discord.objects import TEXT, Channel, Guild, SimUser, ThreadChannel, message_payload
 from tests.support.fake_discord.rest import API_PREFIX, RestApi, json_response
+from tests.support.fake_discord.shards import Sharding
 from tests.support.fake_discord.speech import Speaker, hear_bot
 from tests.support.fake_discord.state import WRITE_LIMIT, WRITE_WINDOW_S, DiscordState, PendingInteraction
 from tests.support.fake_discord.tls import make_certificate, server_context
@@ -34,21 +41,25 @@ HOST = "127.0.0.1"
 
 
 class FakeDiscord:
-    """A strict loopback Discord for one bot in one guild (see the package README in docs/testing-discord.md)."""
+    """A strict loopback Discord: one bot in one guild by default; more guilds, shards and sessions on
+    request (docs/testing.md, "A fake Discord")."""
 
     def __init__(self, *, token: str = "fake-bot-token.Switchboard.0123456789", voice: bool = False,
                  workdir: Path | None = None, allowed_privileged_intents: int = 0,
                  clock: Callable[[], float] = time.monotonic, write_limit: int = WRITE_LIMIT,
-                 write_window_s: float = WRITE_WINDOW_S) -> None:
+                 write_window_s: float = WRITE_WINDOW_S, sharding: Sharding | None = None) -> None:
         """`clock` (seconds) times each channel's write limit: `write_limit` message creates and edits per
-        `write_window_s`; share a virtual clock with the code under test to run its pacing without sleeping."""
+        `write_window_s`; share a virtual clock with the code under test to run its pacing without sleeping.
+        `sharding`: what `GET /gateway/bot` answers and whether IDENTIFYs are rate-limited (`shards.py`;
+        default one shard, the limit recorded but not enforced), timed by the same clock."""
         if voice and workdir is None:
             raise ValueError("voice=True needs a workdir for the TLS certificate")
         self.journal = Journal()
         self.state = DiscordState(token=token, journal=self.journal,
                                   allowed_privileged_intents=allowed_privileged_intents, clock=clock,
                                   write_limit=write_limit, write_window_s=write_window_s)
-        self.gateway = Gateway(self.state, self._on_bot_voice_request)
+        self.sharding = sharding or Sharding(clock=clock)
+        self.gateway = Gateway(self.state, self._on_bot_voice_request, self.sharding)
         self.voice = VoiceServer(self.state) if voice else None
         self.speakers: dict[int, Speaker] = {}
         self.cert_path: Path | None = None
@@ -91,13 +102,16 @@ class FakeDiscord:
         return site._server.sockets[0].getsockname()[1]
 
     async def _get_gateway(self, request: web.Request) -> web.Response:
-        if request.path.endswith("/bot") and request.headers.get("Authorization") != f"Bot {self.token}":
-            return json_response(401, {"message": "401: Unauthorized", "code": 0})
-        body: dict[str, Any] = {"url": self.gateway.url}
-        if request.path.endswith("/bot"):
-            body.update(shards=1, session_start_limit={"total": 1000, "remaining": 999, "reset_after": 0,
-                                                       "max_concurrency": 1})
-        return json_response(200, body)
+        """`GET /gateway` and `GET /gateway/bot` (recorded in the journal like the other REST calls)."""
+        bot = request.path.endswith("/bot")
+        if bot and request.headers.get("Authorization") != f"Bot {self.token}":
+            status, body = 401, {"message": "401: Unauthorized", "code": 0}
+        else:
+            status, body = 200, self.sharding.gateway_bot(self.gateway.url) if bot else {"url": self.gateway.url}
+        self.journal.rest.append(RestCall(request.method, request.path, dict(request.query), dict(request.headers),
+                                          None, status, body, at=self.state.clock()))
+        self.journal.changed()
+        return json_response(status, body)
 
     def bot_env(self) -> dict[str, str]:
         """Environment for `tests.support.fake_discord.bot_runner` (and SSL_CERT_FILE for voice)."""
@@ -129,18 +143,31 @@ class FakeDiscord:
     def voice_channel(self) -> Channel:
         return self.state.guild.voice_channel
 
-    def add_user(self, username: str, nick: str | None = None) -> SimUser:
-        """A guild member the test can act as."""
-        return self.state.new_user(username, nick)
+    def add_user(self, username: str, nick: str | None = None, guild: Guild | None = None) -> SimUser:
+        """A member of `guild` (default: the first guild) the test can act as."""
+        return self.state.new_user(username, nick, guild)
+
+    @property
+    def guilds(self) -> list[Guild]:
+        return self.state.guilds
+
+    async def add_guild(self, name: str, shard: tuple[int, int] | None = None) -> Guild:
+        """Another guild the bot is in (its own "general" and "Lounge"), on `shard` (shard_id, num_shards)
+        if given; sessions already connected on its shard get GUILD_CREATE, as when the bot is added to a
+        server. Voice is served in the first guild only."""
+        guild = self.state.add_guild(name, shard)
+        for session in self.gateway.live(guild.id):
+            if session.intents & GUILDS_INTENT:
+                await session.dispatch("GUILD_CREATE", guild.create_payload(self.bot.id,
+                                                                            voice_intent=session.voice_intent))
+        return guild
 
     async def add_text_channel(self, name: str) -> Channel:
         """Another text channel in the guild; a connected bot hears CHANNEL_CREATE (the GUILDS intent)."""
         guild = self.state.guild
         channel = Channel(self.state.ids(), TEXT, name, guild.id, len(guild.channels))
         guild.more_channels.append(channel)
-        session = self.gateway.current
-        if session is not None and session.intents & GUILDS_INTENT:
-            await session.dispatch("CHANNEL_CREATE", channel.payload())
+        await self.gateway.dispatch(guild.id, "CHANNEL_CREATE", channel.payload(), intent=GUILDS_INTENT)
         return channel
 
     def request_for(self, message: dict) -> RestCall:
@@ -171,9 +198,8 @@ class FakeDiscord:
         return message
 
     async def _thread_created(self, thread: ThreadChannel) -> None:
-        session = self.gateway.current
-        if session is not None and session.intents & GUILDS_INTENT:
-            await session.dispatch("THREAD_CREATE", {**thread.payload(), "newly_created": True})
+        await self.gateway.dispatch(thread.guild_id, "THREAD_CREATE", {**thread.payload(), "newly_created": True},
+                                    intent=GUILDS_INTENT)
 
     def fail_channel(self, channel_id: int, failure: str) -> None:
         """Make every request on a channel fail: "forbidden" (403 50013) or "unknown" (404 10003)."""
@@ -191,9 +217,7 @@ class FakeDiscord:
                                user: SimUser, channel: Channel | None = None) -> PendingInteraction:
         """Dispatch INTERACTION_CREATE for a synced slash command, e.g. `send_interaction("talk status", user=u)`."""
         pending = build_command_interaction(self.state, command, options, user, channel or self.text_channel)
-        session = self.gateway.current
-        assert session is not None, "the bot has no gateway session"
-        await session.dispatch("INTERACTION_CREATE", pending.payload)
+        await self._dispatch_interaction(pending)
         return pending
 
     async def send_autocomplete(self, command: str, options: dict[str, Any], *, focused: str, user: SimUser,
@@ -202,10 +226,24 @@ class FakeDiscord:
         text in `options`); the answer is `{"type": 8, "data": {"choices": [...]}}`."""
         pending = build_command_interaction(self.state, command, options, user, channel or self.text_channel,
                                             focused=focused)
-        session = self.gateway.current
-        assert session is not None, "the bot has no gateway session"
-        await session.dispatch("INTERACTION_CREATE", pending.payload)
+        await self._dispatch_interaction(pending)
         return pending
+
+    async def _dispatch_interaction(self, pending: PendingInteraction) -> None:
+        """INTERACTION_CREATE to every session on the guild's shard: each of them sees it; only the first
+        callback is accepted (a second gets 400 with code 40060)."""
+        sent = await self.gateway.dispatch(int(pending.payload["guild_id"]), "INTERACTION_CREATE", pending.payload)
+        assert sent, "the bot has no gateway session on this guild's shard"
+
+    async def send_dm(self, user: SimUser, content: str) -> dict:
+        """`user` writes to the bot in a DM: MESSAGE_CREATE (no guild) to sessions on shard 0 with the
+        DIRECT_MESSAGES intent (DMs carry their content without the message content intent)."""
+        channel_id = self.state.dm_channels.setdefault(user.id, self.state.ids())
+        message = message_payload(message_id=self.state.ids(), channel_id=channel_id, guild_id=None, author=user,
+                                  body={"content": content})
+        self.state.messages.append(message)
+        await self.gateway.dispatch(None, "MESSAGE_CREATE", message, intent=DM_INTENT)
+        return message
 
     async def wait_response(self, pending: PendingInteraction, timeout: float = 15.0) -> dict:
         """The bot's interaction callback body `{type, data}`."""
@@ -220,25 +258,29 @@ class FakeDiscord:
         else:
             guild.voice[user.id] = channel_id
             guild.voice_sessions[user.id] = self.state.new_token()[:32]
-        session = self.gateway.current
-        if session is not None and session.voice_intent and not session.ws.closed:  # the bot may be down
-            await session.dispatch("VOICE_STATE_UPDATE", guild.voice_state(user.id))
+        await self.gateway.dispatch(guild.id, "VOICE_STATE_UPDATE", guild.voice_state(user.id),
+                                    intent=VOICE_STATES_INTENT)  # none when the bot is down
 
     async def deny_bot(self, channel: Channel, permissions: int) -> None:
         """A member overwrite on `channel` denying the bot `permissions` (a bit set), sent as CHANNEL_UPDATE
         (which bots get with the GUILDS intent), as when an admin edits the channel."""
         channel.permission_overwrites.append({"id": str(self.bot.id), "type": 1, "allow": "0",
                                               "deny": str(permissions)})
-        session = self.gateway.current
-        if session is not None:
-            await session.dispatch("CHANNEL_UPDATE", channel.payload())
+        await self.gateway.dispatch(channel.guild_id, "CHANNEL_UPDATE", channel.payload())
 
     async def request_gateway_reconnect(self) -> None:
         await self.gateway.request_reconnect()
 
-    async def _on_bot_voice_request(self, session: GatewaySession, channel_id: int | None,
+    async def _on_bot_voice_request(self, session: GatewaySession, guild_id: int, channel_id: int | None,
                                     self_mute: bool, self_deaf: bool) -> None:
-        guild, bot = self.state.guild, self.state.bot.id
+        """Op 4: the bot has one voice state per guild, whichever session sent it. Every session on the
+        guild's shard hears VOICE_STATE_UPDATE; VOICE_SERVER_UPDATE goes to the one that asked; a voice
+        connection made under another gateway session is closed with 4014, as Discord does."""
+        guild, bot = self.state.guild_by_id(guild_id), self.state.bot.id
+        if channel_id is not None and (self.voice is None or guild is not self.state.guild):
+            self.journal.violation("the bot joined voice but the fake serves voice only in its first guild and "
+                                   "only when started with voice=True")
+            return
         guild.self_flags[bot] = (self_mute, self_deaf)
         if channel_id is None:
             guild.voice.pop(bot, None)
@@ -247,19 +289,19 @@ class FakeDiscord:
         else:
             guild.voice[bot] = channel_id
             guild.voice_sessions[bot] = session.session_id
-        if session.voice_intent:  # Discord only tells bots with GUILD_VOICE_STATES
-            await session.dispatch("VOICE_STATE_UPDATE", guild.voice_state(bot))
+        if self.voice is not None and guild is self.state.guild:
+            self.voice.disconnect_other_sessions(session.session_id)
+        # Discord only tells sessions with GUILD_VOICE_STATES
+        await self.gateway.dispatch(guild.id, "VOICE_STATE_UPDATE", guild.voice_state(bot), intent=VOICE_STATES_INTENT)
         if channel_id is not None:
-            if self.voice is None:
-                self.journal.violation("the bot joined voice but the fake was started without voice=True")
-                return
             await session.dispatch("VOICE_SERVER_UPDATE", {"token": self.voice.issue_token(session.session_id),
                                                            "guild_id": str(guild.id),
                                                            "endpoint": self.voice.endpoint})
 
     async def move_voice_server(self) -> None:
         """VOICE_SERVER_UPDATE while connected (Discord moved the call): the bot must re-handshake."""
-        session = self.gateway.current
+        holder = self.state.guild.voice_sessions.get(self.bot.id)
+        session = next((s for s in self.gateway.live(self.guild_id) if s.session_id == holder), self.gateway.current)
         await session.dispatch("VOICE_SERVER_UPDATE", {"token": self.voice.issue_token(session.session_id),
                                                        "guild_id": str(self.guild_id),
                                                        "endpoint": self.voice.endpoint})

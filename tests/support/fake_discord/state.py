@@ -21,6 +21,7 @@ from tests.support.fake_discord.objects import (
     Snowflakes,
     ThreadChannel,
 )
+from tests.support.fake_discord.shards import shard_of
 
 # Discord's shared per-channel write limit: message creates and edits in one channel (a thread is a
 # channel) count together; the 6th within 5 s is answered 429 (code 20028).
@@ -58,11 +59,8 @@ class DiscordState:
         self.owner = SimUser(self.ids(), "owner")
         self.application_id = self.ids()
         self.bot = SimUser(self.application_id, "switchboard", bot=True)  # bot user id = app id, as on Discord
-        gid = self.ids()
-        self.guild = Guild(gid, guild_name, self.owner.id, Channel(self.ids(), TEXT, "general", gid, 0),
-                           Channel(self.ids(), VOICE, "Lounge", gid, 1))
-        self.guild.members[self.owner.id] = self.owner
-        self.guild.members[self.bot.id] = self.bot
+        self.guilds: list[Guild] = []  # the first is `guild`, where voice is served; more with `add_guild`
+        self.guild = self.add_guild(guild_name)
         self.global_commands: list[dict] = []
         self.guild_commands: dict[int, list[dict]] = {}
         self.interactions: dict[int, PendingInteraction] = {}
@@ -71,10 +69,31 @@ class DiscordState:
         self.message_edits: dict[str, int] = {}  # message id -> edits accepted (PATCH /channels/…/messages/…)
         self.pinged: list[dict] = []  # {"message_id", "everyone", "users", "roles"} for each write that mentions
         self.rate_limited: list[int] = []  # channel id of every write refused with 429
+        self.dm_channels: dict[int, int] = {}  # user id -> the id of their DM channel with the bot
 
-    def new_user(self, username: str, nick: str | None = None) -> SimUser:
+    def add_guild(self, name: str, shard: tuple[int, int] | None = None) -> Guild:
+        """A guild the bot is in, with a text channel "general" and a voice channel "Lounge"; with `shard`
+        (shard_id, num_shards), one whose events go to that shard."""
+        gid = self.ids()
+        while shard is not None and shard_of(gid, shard[1]) != shard[0]:
+            gid = self.ids()
+        guild = Guild(gid, name, self.owner.id, Channel(self.ids(), TEXT, "general", gid, 0),
+                      Channel(self.ids(), VOICE, "Lounge", gid, 1))
+        guild.members[self.owner.id] = self.owner
+        guild.members[self.bot.id] = self.bot
+        self.guilds.append(guild)
+        return guild
+
+    def guild_by_id(self, guild_id: int | None) -> Guild | None:
+        return next((g for g in self.guilds if g.id == guild_id), None)
+
+    def guild_of_channel(self, channel_id: int) -> Guild:
+        """The guild a channel or thread belongs to (the first guild when none has it)."""
+        return next((g for g in self.guilds if g.channel(channel_id) or g.thread(channel_id)), self.guild)
+
+    def new_user(self, username: str, nick: str | None = None, guild: Guild | None = None) -> SimUser:
         user = SimUser(self.ids(), username, nick)
-        self.guild.members[user.id] = user
+        (guild or self.guild).members[user.id] = user
         return user
 
     def messageable(self, channel_id: int) -> Channel | ThreadChannel | None:

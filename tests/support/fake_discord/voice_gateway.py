@@ -96,6 +96,7 @@ class VoiceSession:
         self.server, self.ws = server, ws
         self.user_id = server.state.bot.id
         self.identified = False
+        self.gateway_session_id = ""  # the main gateway session whose op 4 this connection follows
         self.ssrc = 0
         self.secret_key = b""
         self.mode = ""
@@ -127,6 +128,7 @@ class VoiceSession:
         self.server.journal.changed()
 
     async def close(self, code: int, reason: str) -> None:
+        self.server.journal.closed_by_fake.append(("voice", code))
         await self.ws.close(code=code, message=reason.encode())
 
 
@@ -155,6 +157,14 @@ class VoiceServer:
 
     def revoke_tokens(self) -> None:
         self._tokens.clear()
+
+    def disconnect_other_sessions(self, gateway_session_id: str) -> None:
+        """Op 4 from another gateway session moved the bot's voice state: Discord closes the older voice
+        connections with 4014 ("Disconnected ... Should not reconnect"). In the background: the socket of
+        a killed process may not be known dead yet, and a close waits for the peer's answer."""
+        for session in self.sessions:
+            if session.identified and not session.ws.closed and session.gateway_session_id != gateway_session_id:
+                self.spawn(session.close(4014, "Disconnected."), "closing an older voice connection")
 
     def next_ssrc(self) -> int:
         return next(self._ssrcs)
@@ -246,6 +256,7 @@ class VoiceServer:
             await session.close(4017, "E2EE/DAVE protocol required.")
             return False
         session.identified, session.ssrc = True, self.next_ssrc()
+        session.gateway_session_id = d["session_id"]
         self.udp.known.add(session.ssrc)
         await session.send_json(READY, {"ssrc": session.ssrc, "ip": "127.0.0.1", "port": self.udp.port,
                                         "modes": MODES, "experiments": [], "streams": []})
