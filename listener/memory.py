@@ -355,10 +355,12 @@ class Memory:
         """The call's memory state: "none", "done" (its facts are learned), "error" (None: no such call)."""
         return await self._transcripts.memory_status(transcript_id)
 
-    async def facts(self, limit: int = MEMORY_FACTS, *, guild_id: int | None = None) -> list[dict[str, Any]]:
-        """The newest facts first: what a call's instructions start with — the phone calls' and, in a
-        Discord server (`guild_id`), that server's calls' (never another server's)."""
-        return [_fact(r) for r in await self._facts.newest(limit, guild_id=guild_id)]
+    async def facts(self, limit: int = MEMORY_FACTS, *, guild_id: int | None = None,
+                    phone: bool = True) -> list[dict[str, Any]]:
+        """The newest facts first: what a call's instructions start with — in a Discord server
+        (`guild_id`), that server's calls' (never another server's), and with `phone` the phone calls'
+        (the user's own: whoever may read them decides, not this module)."""
+        return [_fact(r) for r in await self._facts.newest(limit, guild_id=guild_id, phone=phone)]
 
     async def facts_of(self, transcript_id: int) -> list[str]:
         """The facts learned from one call, in the order learned."""
@@ -369,12 +371,13 @@ class Memory:
         return [_fact(r) for r in await self._facts.of_discord_call(call_id)]
 
     async def search(self, query: str, *, limit: int = 10, offset: int = 0,
-                     guild_id: int | None = None) -> dict[str, Any]:
-        """Facts holding all the query's words, best first, paginated — the phone calls' and `guild_id`'s
-        Discord calls' (as `facts`). Each says where it came from:
+                     guild_id: int | None = None, phone: bool = True) -> dict[str, Any]:
+        """Facts holding all the query's words, best first, paginated — `guild_id`'s Discord calls' and,
+        with `phone`, the phone calls' (as `facts`). Each says where it came from:
         `source` "phone call" (its conversation_id) or "discord call" (its guild_id and call_id), and
         the turn numbers it cites."""
-        rows = await self._facts.search(fts_query(query), limit=limit + 1, offset=offset, guild_id=guild_id)
+        rows = await self._facts.search(fts_query(query), limit=limit + 1, offset=offset, guild_id=guild_id,
+                                        phone=phone)
         return {"source_trust": "external-untrusted", "query": query, "facts": [_fact(r) for r in rows[:limit]],
                 "offset": offset, "next_offset": offset + limit if len(rows) > limit else None}
 
