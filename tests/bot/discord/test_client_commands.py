@@ -150,14 +150,17 @@ async def command_from(svc: Service, where: str, command: str, options: dict | N
     return {"deferred": False, **response["data"]}
 
 
-async def test_runs_transcripts_and_callbacks_answer_only_in_the_home_server(tmp_path):
-    asks = [("runs list", None), ("runs show", {"run": 1}), ("runs stop", {"run": 1}),
+async def test_talk_runs_transcripts_and_callbacks_answer_only_in_the_home_server(tmp_path):
+    asks = [("talk status", None), ("talk join", None), ("talk leave", None), ("talk mode", {"mode": "addressed"}),
+            ("talk captions", {"state": "on"}),
+            ("runs list", None), ("runs show", {"run": 1}), ("runs stop", {"run": 1}),
             ("transcripts search", {"query": "dentist"}), ("transcripts show", {"id": "call_1"}),
             ("callbacks list", None), ("callbacks remove", {"id": "notes"})]
     async with service(tmp_path, guild_sync=True) as svc:
         refusals = {(where, command): await command_from(svc, where, command, options, user=svc.operator)
                     for where in ("dm", "other server") for command, options in asks}
         at_home = await svc.command("runs list", user=svc.operator)
+        status = await svc.command("talk status", user=svc.guest)
     for (where, command), answer in refusals.items():
         assert answer.get("flags", 0) & EPHEMERAL and not answer["deferred"], (where, command, answer)
         (embed,) = answer["embeds"]
@@ -165,4 +168,5 @@ async def test_runs_transcripts_and_callbacks_answer_only_in_the_home_server(tmp
         assert embed["description"] == (f"This is not available {place}: it belongs to the server Switchboard "
                                         "serves (SWITCHBOARD_GUILD_IDS)."), (where, command, embed)
     assert "not available" not in str(at_home)  # the home server is answered
+    assert status["deferred"] and "it belongs to the server" not in str(status)  # /talk status: anyone there
     assert not svc.fake.state.messages  # nothing was posted anywhere
