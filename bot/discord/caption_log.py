@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import unicodedata
 from collections import deque
 from dataclasses import dataclass, field
 
 from bot.discord.untrusted import escape_caller_text
+from common.visible import ELLIPSIS, plain_line
 
 log = logging.getLogger(__name__)
 
@@ -22,12 +22,9 @@ MAX_AGE_S = 10.0  # a message takes new lines for this long after its first
 EDIT_INTERVAL_S = 1.5  # between two requests for the same message
 BURST, WINDOW_S = 5, 5.0  # requests per window in the thread (Discord's per-channel write limit)
 NAME_MAX = 64  # code points of a display name (Discord's are ≤ 32); longer ones are cut
-ELLIPSIS = "…"
 
 
 # -- one line --------------------------------------------------------------------------------------
-
-_SPACE = re.compile(r"\s+")
 
 
 def caption_line(role: str, name: str | None, text: str, *, agent_name: str) -> str | None:
@@ -51,21 +48,6 @@ def caption_line(role: str, name: str | None, text: str, *, agent_name: str) -> 
         if _reads_as_assistant(who):
             who += " (person)"
     return f"**{escape_caller_text(who)}**: {escape_caller_text(said)}"
-
-
-def plain_line(value: object, limit: int | None = None) -> str:
-    """One line of visible text: control/format characters dropped, whitespace collapsed, cut to `limit`."""
-    kept = []
-    for ch in str(value or ""):
-        kind = unicodedata.category(ch)
-        if ch.isspace() or kind in ("Zl", "Zp"):
-            kept.append(" ")
-        elif kind not in ("Cc", "Cf", "Cs", "Co"):
-            kept.append(ch)
-    plain = _SPACE.sub(" ", "".join(kept)).strip()
-    if limit is not None and len(plain) > limit:
-        plain = plain[:limit - 1].rstrip() + ELLIPSIS
-    return plain
 
 
 def _reads_as_assistant(name: str) -> bool:
