@@ -32,14 +32,22 @@ block of the voice assistant's instructions and the `memory_search` tool.
 from __future__ import annotations
 
 import json
-import re
 import time
-import unicodedata
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from listener.archive import fts_query
+from listener.evidence import (
+    CALL_STOP_WORDS,
+    STOP_WORDS,
+    grounded,
+    has_negation,
+    is_instruction,
+    quoted,
+    repeats,
+    says_yes,
+)
 from listener.model import Fact, Transcript, Turn
 from listener.repository import Database, FactRepository, TranscriptRepository
 
@@ -110,18 +118,6 @@ CALL_SYSTEM_PROMPT = (
     "words quoted. Cite turns by their number and copy the quote exactly, character for character. Rate "
     "confidence honestly; return an empty list when nothing durable was said.")
 
-# An instruction, not a fact: an imperative opening, or the stock phrases of prompt injection.
-_IMPERATIVE_START = re.compile(
-    r"^\W*(please\W+)?(you\s+(must|should|need\s+to|have\s+to)\s+|from\s+now\s+on\W+)?"
-    r"(ignore|disregard|forget|always|never|send|delete|remove|erase|forward|transfer|wire|pay|email|e-mail|"
-    r"text|call|run|execute|share|reveal|tell|give|grant|allow|disable|enable|override|obey|follow|do\s+not|"
-    r"don't)\b", re.IGNORECASE)
-_INJECTION = re.compile(
-    r"\b(ignore|disregard|forget)\b.{0,40}\b(instructions?|prompts?|rules|previous|above|prior)\b|"
-    r"\bsystem\s+prompt\b|\bfrom\s+now\s+on\b|\b(assistant|agent|ai|bot)\s+(must|should|shall|will\s+always)\b|"
-    r"\byou\s+(must|should|shall)\b|\bnew\s+instructions?\b", re.IGNORECASE)
-
-
 @dataclass(frozen=True)
 class Rejected:
     proposal: Any
@@ -156,13 +152,13 @@ class Trust:
         """A phone call: the one user speaker (None: the direction is unknown, nobody is the user)."""
         return cls(frozenset(() if user_label is None else (user_label,)), "user", "the user's",
                    "the other party", "the call's direction is unknown, so nobody in it is the user", SYSTEM_PROMPT,
-                   FACT_SCHEMA, _STOP)
+                   FACT_SCHEMA, STOP_WORDS)
 
     @classmethod
     def operators(cls, labels: Iterable[str]) -> Trust:
         """A Discord group call: the operators, by the labels their turns carry (their ids as text)."""
         return cls(frozenset(labels), "operator", "an operator's", "someone else",
-                   "nobody in the call is an operator", CALL_SYSTEM_PROMPT, CALL_FACT_SCHEMA, _CALL_STOP)
+                   "nobody in the call is an operator", CALL_SYSTEM_PROMPT, CALL_FACT_SCHEMA, CALL_STOP_WORDS)
 
     def trusts(self, speaker: str) -> bool:
         return speaker in self.labels
@@ -204,78 +200,6 @@ def extraction_messages(transcript: Transcript, who: Trust | str | None) -> list
                                         "</transcript>"}]
 
 
-# After NFKC (which already folds fullwidth ＇ and ＂): the apostrophe and quote look-alikes.
-_STRAIGHT = str.maketrans({**dict.fromkeys("\u2018\u2019\u201a\u201b\u2032\u2035\u02bc\u02b9\u0060", "'"),
-                           **dict.fromkeys("\u201c\u201d\u201e\u201f\u2033\u2036\u00ab\u00bb", '"')})
-
-
-def plain(text: str) -> str:
-    """`text` with its typography neutralised: NFKC, then curly apostrophes and quotes straight."""
-    return unicodedata.normalize("NFKC", text).translate(_STRAIGHT)
-
-
-def is_instruction(text: str) -> bool:
-    text = plain(text)
-    return bool(_IMPERATIVE_START.search(text) or _INJECTION.search(text))
-
-
-def has_negation(text: str) -> bool:
-    return bool(_NEGATION.search(plain(text)))
-
-
-def says_yes(text: str) -> bool:
-    """The turn opens with an explicit yes ("Yes, …", "That's right", "Correct.")."""
-    return bool(_YES.match(plain(text)))
-
-
-def repeats(fact: str, quote: str, stop: frozenset[str] = frozenset()) -> bool:
-    """The quote repeats the fact: one of its numbers, addresses or handles as a whole word, or at least
-    half its content words (compared as `grounded` compares them)."""
-    quoted = _words(quote)
-    said, whole = {w[:5] for w in quoted}, set(quoted)
-    words = _words(fact)
-    if any(w in whole for w in words if any(c.isdigit() for c in w) or "@" in w):
-        return True
-    content = [w for w in words if len(w) >= 4 and w not in stop and not any(c.isdigit() for c in w)]
-    return bool(content) and sum(w[:5] in said for w in content) * 2 >= len(content)
-
-
-_WORD = re.compile(r"[\w@.+'-]+", re.UNICODE)
-_STOP = frozenset("user user's users their they them that this with have has had from about will would there which "
-                  "what when where were been being into onto your yours also just very than then them some".split())
-_CALL_STOP = _STOP | frozenset("operator operator's operators operators' guest guest's guests".split())
-_YES = re.compile(r"\W*(yes|yeah|yep|yup|yea|correct|right|exactly|indeed|absolutely|definitely|confirmed|true|"
-                  r"(that|it)(\s+is|'s)\s+(right|correct|true|it)|sure)\b", re.IGNORECASE)
-_NEGATION = re.compile(r"\b(no|not|nope|never|wrong|incorrect|isn't|wasn't|aren't|don't|doesn't|didn't|can't|won't|"
-                       r"nah|neither|nor)\b|n't\b", re.IGNORECASE)
-
-
-def _words(text: str) -> list[str]:
-    return [w.strip(".'-").casefold() for w in _WORD.findall(plain(text)) if w.strip(".'-")]
-
-
-def grounded(fact: str, quotes: str, stop: frozenset[str] = _STOP) -> bool:
-    """The fact says what its quotes say: every number, address or handle in it (anything with a digit
-    or an @) is a whole word of them, and at least half its content words (not in `stop`: how facts
-    name the trusted speakers) are (compared on their first 5 letters)."""
-    quoted_words = _words(quotes)
-    said = {w[:5] for w in quoted_words}
-    whole = set(quoted_words)
-    words = _words(fact)
-    if any(w not in whole for w in words if any(c.isdigit() for c in w) or "@" in w):
-        return False
-    content = [w for w in words if len(w) >= 4 and w not in stop and not any(c.isdigit() for c in w)]
-    return not content or sum(w[:5] in said for w in content) * 2 >= len(content)
-
-
-def _norm(text: str) -> str:
-    return " ".join(text.split()).casefold()
-
-
-def _quoted(quote: Any, text: str, minimum: int) -> bool:
-    return isinstance(quote, str) and len(quote.strip()) >= minimum and _norm(quote) in _norm(text)
-
-
 def validate(answer: Any, transcript: Transcript, who: Trust | str | None) -> Checked:
     """Check each proposed fact against the transcript itself (see the module docstring). `who` is
     the `Trust`; a phone call may pass its user label (None: nobody is the user)."""
@@ -310,7 +234,7 @@ def validate(answer: Any, transcript: Transcript, who: Trust | str | None) -> Ch
             reject(proposal, "an instruction, not a fact")
         elif not isinstance(proposal.get("assertion_turn"), int) or proposal["assertion_turn"] not in by_number:
             reject(proposal, f"cites turn {proposal.get('assertion_turn')!r}, which does not exist")
-        elif not _quoted(proposal.get("quote"), by_number[proposal["assertion_turn"]].text, MIN_QUOTE):
+        elif not quoted(proposal.get("quote"), by_number[proposal["assertion_turn"]].text, MIN_QUOTE):
             reject(proposal, "the quote is not in the cited turn (or is too short)")
         else:
             turn = by_number[proposal["assertion_turn"]]
@@ -327,7 +251,7 @@ def validate(answer: Any, transcript: Transcript, who: Trust | str | None) -> Ch
                 if not trust.trusts(later.speaker):
                     reject(proposal, f"the confirming turn is not {trust.theirs}")
                     continue
-                if not _quoted(proposal.get("confirmation_quote"), later.text, MIN_CONFIRMATION):
+                if not quoted(proposal.get("confirmation_quote"), later.text, MIN_CONFIRMATION):
                     reject(proposal, "the confirmation quote is not in the confirming turn")
                     continue
                 if has_negation(later.text):
