@@ -50,13 +50,8 @@ def says_yes(text: str) -> bool:
 def repeats(fact: str, quote: str, stop: frozenset[str] = frozenset()) -> bool:
     """The quote repeats the fact: one of its numbers, addresses or handles as a whole word, or at least
     half its content words (compared as `grounded` compares them)."""
-    quoted = _words(quote)
-    said, whole = {w[:5] for w in quoted}, set(quoted)
-    words = _words(fact)
-    if any(w in whole for w in words if any(c.isdigit() for c in w) or "@" in w):
-        return True
-    content = [w for w in words if len(w) >= 4 and w not in stop and not any(c.isdigit() for c in w)]
-    return bool(content) and sum(w[:5] in said for w in content) * 2 >= len(content)
+    ids, content, whole, said = _compared(fact, quote, stop)
+    return any(w in whole for w in ids) or (bool(content) and _half_said(content, said))
 
 
 _WORD = re.compile(r"[\w@.+'-]+", re.UNICODE)
@@ -77,14 +72,21 @@ def grounded(fact: str, quotes: str, stop: frozenset[str] = STOP_WORDS) -> bool:
     """The fact says what its quotes say: every number, address or handle in it (anything with a digit
     or an @) is a whole word of them, and at least half its content words (not in `stop`: how facts
     name the trusted speakers) are (compared on their first 5 letters)."""
-    quoted_words = _words(quotes)
-    said = {w[:5] for w in quoted_words}
-    whole = set(quoted_words)
-    words = _words(fact)
-    if any(w not in whole for w in words if any(c.isdigit() for c in w) or "@" in w):
-        return False
+    ids, content, whole, said = _compared(fact, quotes, stop)
+    return all(w in whole for w in ids) and (not content or _half_said(content, said))
+
+
+def _compared(fact: str, quotes: str, stop: frozenset[str]) -> tuple[list[str], list[str], set[str], set[str]]:
+    """The fact's identifiers (words with a digit or an @) and content words (4+ letters, no digit, not in `stop`),
+    and the quotes' whole words and their first 5 letters."""
+    words, quoted_words = _words(fact), _words(quotes)
+    ids = [w for w in words if any(c.isdigit() for c in w) or "@" in w]
     content = [w for w in words if len(w) >= 4 and w not in stop and not any(c.isdigit() for c in w)]
-    return not content or sum(w[:5] in said for w in content) * 2 >= len(content)
+    return ids, content, set(quoted_words), {w[:5] for w in quoted_words}
+
+
+def _half_said(content: list[str], said: set[str]) -> bool:
+    return sum(w[:5] in said for w in content) * 2 >= len(content)
 
 
 def _norm(text: str) -> str:
