@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 import discord
 
-from bot.discord.untrusted import escape_caller_text, shown
+from bot.discord.untrusted import escape_caller_text, escaped_within, shown
 from common.visible import printable
 from runs import RunState, RunTicket
 from runs.wording import STATE_WORDS, bounded, elapsed_words
@@ -72,9 +72,7 @@ def output_pages(ticket: RunTicket, page_chars: int = 3900) -> list[str]:
     text = printable((ticket.output or ticket.error or "").strip())
     pages = []
     while text:
-        room = page_chars
-        while len(page := escape_caller_text(text[:room])) > page_chars:
-            room = min(room - 1, room * page_chars // len(page))  # escaping grew it by about that ratio
+        page, room = escaped_within(lambda room, rest=text: rest[:room], page_chars)
         pages.append(page)
         text = text[room:]
     return pages or [""]

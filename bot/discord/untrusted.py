@@ -11,6 +11,7 @@ names in run posts and the recap go through it.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 import discord
 
@@ -43,15 +44,22 @@ def shown(text: str | None, limit: int, *, lines: bool = False) -> str:
     `common.visible.printable`). Cut before escaping, so no escape is ever cut in half; cut shorter
     when escaping made it longer; a cut ends with " …"."""
     clean = printable(text or "").strip() if lines else plain_line(text)
+
+    def cut(room: int) -> str:
+        if lines:
+            return clean if len(clean) <= room else clean[:max(0, room - 2)].rstrip() + " …"
+        return bounded(clean, max(0, room - 2))
+
+    line, room = escaped_within(cut, limit)
+    return line if len(line) <= limit else "…"
+
+
+def escaped_within(piece: Callable[[int], str], limit: int) -> tuple[str, int]:
+    """`escape_caller_text(piece(room))` for the largest `room` (from `limit` down) whose escaped text fits
+    in `limit` characters, and that room; the last try (room 2) when none fits."""
     room = limit
     while True:
-        if lines:
-            piece = clean if len(clean) <= room else clean[:max(0, room - 2)].rstrip() + " …"
-        else:
-            piece = bounded(clean, max(0, room - 2))
-        line = escape_caller_text(piece)
-        if len(line) <= limit:
-            return line
-        if room <= 2:
-            return "…"
+        line = escape_caller_text(piece(room))
+        if len(line) <= limit or room <= 2:
+            return line, room
         room = min(room - 1, room * limit // len(line))  # escaping grew it by about that ratio
