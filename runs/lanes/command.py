@@ -115,6 +115,8 @@ class CommandLane:
     async def start(self, ticket: RunTicket) -> str:
         try:
             argv = self.argv(ticket.task)
+            if os.sep in argv[0] and not os.path.isabs(argv[0]):  # `./agent`: from where Switchboard started,
+                argv[0] = os.path.abspath(argv[0])  # not from the agent's work folder
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE, env=self.environment(), cwd=self.workdir(),

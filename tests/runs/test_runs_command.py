@@ -297,3 +297,14 @@ def test_child_environment_checks_the_extra_names_itself(extra):
     env = {"PATH": "/bin", extra: "value-the-agent-must-not-get"}
     with pytest.raises(AgentEnvError):
         child_environment(env, (extra,))
+
+
+async def test_a_relative_agent_program_is_found_from_where_switchboard_started(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "agent.sh"
+    script.write_text('#!/bin/sh\necho "ran: $1 in $(pwd)"\n')
+    script.chmod(0o755)
+    agent = CommandLane(RunsConfig(command=("./bin/agent.sh", "{task}"), workdir=tmp_path / "work"))
+    finished = await run_to_end(agent, ticket("hello"))
+    assert finished.output.strip() == f"ran: hello in {tmp_path / 'work'}"
