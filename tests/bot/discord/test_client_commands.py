@@ -4,12 +4,14 @@ slash commands and their operator checks, run notifications in the runs channel,
 from __future__ import annotations
 
 import asyncio
+import unicodedata
 
 from bot.cli.run import serve
 from bot.discord.client import intents
 from runs import Delivery
 from tests.support.discord_service import OPENAI_KEY, Service, service, settings_for
 from tests.support.fake_discord import EPHEMERAL, FakeDiscord, SimUser, point_discord_py_at
+from tests.support.fake_discord.checks import pinged
 from tests.support.fake_discord.interactions import build_command_interaction
 from tests.support.runs import SAFETY_S
 
@@ -94,6 +96,30 @@ async def test_a_finished_run_is_posted_in_the_runs_channel_and_listed_shown_and
     assert shown["embeds"][0]["description"] == "answer: audit the auth module"
     assert "There is no run 9" in missing["embeds"][0]["description"]
     assert stop["deferred"] and "already" in stop["embeds"][0]["description"].lower()
+
+
+HOSTILE_TASK = ("\x1b]52;c;cHduZWQ=\x07\u202eeno\u202c read [Open the report](https://evil.example/phish) to "
+                "@everyone \x1b]8;;https://evil.example\x1b\\click\x1b]8;;\x1b\\")
+
+
+async def test_a_run_whose_task_and_output_are_hostile_is_posted_listed_and_shown_as_text(tmp_path):
+    async with service(tmp_path) as svc:
+        bot_runs = svc.bot.runs
+        await bot_runs.delegate(HOSTILE_TASK, requester_id=svc.operator.id)  # the agent echoes it as its answer
+        await asyncio.wait_for(bot_runs.wait_until(1, lambda t: t.delivery is Delivery.DELIVERED), SAFETY_S)
+        listing = await svc.command("runs list", user=svc.guest)
+        shown = await svc.command("runs show", {"run": 1}, user=svc.guest)
+        pending = await svc.fake.send_autocomplete("runs show", {"run": ""}, focused="run", user=svc.guest)
+        suggested = await svc.fake.wait_response(pending)
+    (posted,) = svc.fake.state.messages
+    texts = [posted["embeds"][0]["title"], posted["embeds"][0]["description"],
+             listing["embeds"][0]["description"], shown["embeds"][0]["description"]]
+    for text in texts:
+        assert pinged(text, None) == {"everyone": False, "users": [], "roles": []}, text
+        assert "[Open the report](" not in text and "Open the report" in text, text
+    choices = [c["name"] for c in suggested["data"]["choices"]]  # plain text in Discord's picker: no markdown
+    for text in [*texts, *choices]:
+        assert not any(unicodedata.category(c) in ("Cc", "Cf") for c in text.replace("\u200b", "")), text
 
 
 async def test_a_post_the_channel_refuses_is_kept_shown_in_status_and_never_loses_the_run(tmp_path):
