@@ -34,6 +34,7 @@ from voice.call.records import CallRecords
 # The listener declares its tables as plain steps (it never imports the service); the store applies them.
 LISTENER_MIGRATIONS = tuple(Migration(package, version, sql) for package, version, sql in LISTENER_STEPS)
 STORE_MIGRATIONS = (*MIGRATIONS, *LISTENER_MIGRATIONS, *VOICE_MIGRATIONS)
+AGENT_WORKDIR = "agent-work"  # the command lane's agent starts in SWITCHBOARD_HOME/agent-work
 
 
 async def open_home_store(settings: Settings, *, create: bool = True) -> Store:
@@ -60,7 +61,8 @@ def runs_config(settings: Settings) -> RunsConfig:
     key = settings.hermes_api_key.get_secret_value() if settings.hermes_api_key is not None else None
     return RunsConfig(lanes=settings.agent_lanes, hermes_url=settings.hermes_api_url, hermes_key=key,
                       command=settings.agent_command, profile=settings.agent_profile,
-                      timeout_s=settings.agent_timeout_s, agent_env=settings.agent_env)
+                      timeout_s=settings.agent_timeout_s, agent_env=settings.agent_env,
+                      workdir=settings.home / AGENT_WORKDIR)
 
 
 def process_secrets(settings: Settings) -> tuple[str, ...]:

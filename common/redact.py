@@ -2,11 +2,14 @@
 
 `redact(text)` rewrites every shape a key takes in a log line: header lines, dict and tuple reprs,
 URL queries and userinfo, bearer/basic values, and bare provider keys (`sk-…`, `xai-…`) wherever
-they stand — also after an earlier, partial redaction.
+they stand — also after an earlier, partial redaction. `secret_forms` lists every form a known secret
+takes (escaped, percent-encoded, hex, base64): the run scrubber (`runs.capture`) and the connection
+logs match them all.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import re
@@ -65,11 +68,30 @@ class CredentialRedactor(logging.Filter):
         return True
 
 
+ENCODED_FORM_MIN = 8  # an encoded form shorter than this is too likely to be ordinary text
+_URL_SAFE = str.maketrans("+/", "-_")
+
+
+def encoded_forms(secret: str) -> set[str]:
+    """`secret` as the simple encodings write it, at least ENCODED_FORM_MIN characters each: hex (lower
+    and upper case), every byte percent-encoded, and base64 (standard and URL-safe) at each of the three
+    byte offsets it can start at inside a longer encoded text (`cat .env | base64`) — there only the
+    characters that depend on the secret's bytes alone, so the form is found whatever surrounds it."""
+    data = secret.encode("utf-8")
+    forms = {data.hex(), data.hex().upper(), "".join(f"%{b:02X}" for b in data), "".join(f"%{b:02x}" for b in data)}
+    for offset in range(3):
+        encoded = base64.b64encode(b"\0" * offset + data).decode("ascii")
+        stable = encoded[-(-8 * offset // 6):8 * (offset + len(data)) // 6]
+        forms |= {stable, stable.translate(_URL_SAFE)}
+    return {f for f in forms if len(f) >= ENCODED_FORM_MIN}
+
+
 def secret_forms(secret: str) -> list[str]:
     """Every way `secret` can show up in text: as sent, inside a URL (percent- or plus-encoded), escaped
-    by `repr` or JSON, with its whitespace runs collapsed; longest first."""
-    forms = {secret, " ".join(secret.split()), quote(secret), quote(secret, safe=""), quote_plus(secret), repr(secret)[1:-1],
-             json.dumps(secret)[1:-1]}
+    by `repr` or JSON, with its whitespace runs collapsed, and in the simple encodings
+    (`encoded_forms`: hex, percent, base64); longest first."""
+    forms = {secret, " ".join(secret.split()), quote(secret), quote(secret, safe=""), quote_plus(secret),
+             repr(secret)[1:-1], json.dumps(secret)[1:-1], *encoded_forms(secret)}
     return sorted((f for f in forms if f), key=len, reverse=True)
 
 

@@ -587,8 +587,9 @@ _FACT_COLUMNS = ("f.id, f.fact, f.quote, f.assertion_turn, f.speaker, f.confirma
                  "f.created_at, f.guild_id, f.call_id, t.conversation_id, t.received_at")
 
 
-# A Discord call's facts stay in its server: phone-call facts (the user's own) everywhere, a guild's only there.
-_IN_SCOPE = "(f.guild_id IS NULL OR f.guild_id = ?)"
+# A Discord call's facts stay in its server; phone-call facts (the user's own) only where the caller says.
+def _in_scope(phone: bool) -> str:
+    return "(f.guild_id IS NULL OR f.guild_id = ?)" if phone else "f.guild_id = ?"
 
 
 class FactRepository:
@@ -642,18 +643,19 @@ class FactRepository:
     async def debriefed(self, call_id: int) -> bool:
         return await self.db.fetchone("SELECT 1 FROM listener_debriefs WHERE call_id = ?", (call_id,)) is not None
 
-    async def newest(self, limit: int, *, guild_id: int | None = None) -> list[Any]:
-        """The newest facts of phone calls and of `guild_id`'s Discord calls (None: phone calls only)."""
+    async def newest(self, limit: int, *, guild_id: int | None = None, phone: bool = True) -> list[Any]:
+        """The newest facts of `guild_id`'s Discord calls and, with `phone`, of phone calls."""
         return await self.db.fetchall(
             f"SELECT {_FACT_COLUMNS} FROM listener_facts f LEFT JOIN transcripts t ON t.id = f.transcript_id "
-            f"WHERE {_IN_SCOPE} ORDER BY f.created_at DESC, f.id DESC LIMIT ?", (guild_id, limit))
+            f"WHERE {_in_scope(phone)} ORDER BY f.created_at DESC, f.id DESC LIMIT ?", (guild_id, limit))
 
-    async def search(self, match: str, *, limit: int, offset: int, guild_id: int | None = None) -> list[Any]:
-        """Facts matching the FTS5 query `match`, best first, `limit` rows from `offset`; of phone calls
-        and of `guild_id`'s Discord calls (None: phone calls only)."""
+    async def search(self, match: str, *, limit: int, offset: int, guild_id: int | None = None,
+                     phone: bool = True) -> list[Any]:
+        """Facts matching the FTS5 query `match`, best first, `limit` rows from `offset`; of `guild_id`'s
+        Discord calls and, with `phone`, of phone calls."""
         return await self.db.fetchall(
             f"SELECT {_FACT_COLUMNS} FROM listener_facts_fts JOIN listener_facts f ON f.id = listener_facts_fts.rowid "
-            f"LEFT JOIN transcripts t ON t.id = f.transcript_id WHERE listener_facts_fts MATCH ? AND {_IN_SCOPE} "
+            f"LEFT JOIN transcripts t ON t.id = f.transcript_id WHERE listener_facts_fts MATCH ? AND {_in_scope(phone)} "
             "ORDER BY bm25(listener_facts_fts), f.id LIMIT ? OFFSET ?", (match, guild_id, limit, offset))
 
     async def of_call(self, transcript_id: int) -> list[Any]:

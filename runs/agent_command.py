@@ -8,6 +8,8 @@ import shutil
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from common.redact import secret_forms
+
 TASK = "{task}"
 _TOP_KEY = re.compile(r"^([A-Za-z_][\w-]*)\s*:(.*)$")
 _EMPTY = {"", "~", "null", "''", '""', "{}"}
@@ -121,6 +123,17 @@ BOT_SECRET_VARIABLES = frozenset({
     "XAI_API_KEY", "SWITCHBOARD_HERMES_API_KEY", "API_SERVER_KEY", "TRANSCRIPT_LISTENER_API_KEY",
     "SWITCHBOARD_TEXT_API_KEY", "SWITCHBOARD_CALLBACK_TOKEN",
 })
+# Variables that make a program load or run code of the variable's choosing (the dynamic loader, shell
+# start-up files, interpreters' module paths and options, git's and ssh's helper commands): never passed
+# on request — the agent reads untrusted transcripts, and such a value turns a variable into a program.
+CODE_HOOK_VARIABLES = frozenset({
+    "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PROMPT_COMMAND", "PS4", "IFS", "CDPATH", "GLOBIGNORE",
+    "GCONV_PATH", "LOCPATH", "NLSPATH", "HOSTALIASES", "RESOLV_HOST_CONF", "MALLOC_CHECK_", "GETCONF_DIR",
+    "SSH_ASKPASS", "SUDO_ASKPASS", "EDITOR", "VISUAL", "PAGER", "BROWSER", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS",
+    "JAVA_TOOL_OPTIONS", "CLASSPATH", "ZDOTDIR", "INPUTRC",
+})
+CODE_HOOK_PREFIXES = ("LD_", "DYLD_", "PYTHON", "PERL", "RUBY", "NODE_", "NPM_CONFIG_", "GIT_", "BASH_FUNC_",
+                      "LUA_", "GEM_", "BUNDLE_", "TCL", "R_PROFILE", "OPENSSL_")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _WHOLE_VALUE_BELOW = 8  # a secret shorter than this withholds only a variable that is exactly it
 
@@ -131,7 +144,9 @@ class AgentEnvError(ValueError):
 
 def check_agent_env(names: Sequence[str]) -> tuple[str, ...]:
     """The extra variable names an operator passes to the agent, checked: each a plain variable name,
-    none of them a secret Switchboard holds or one of Switchboard's own settings. Raises AgentEnvError."""
+    none of them — in any letter case — a secret Switchboard holds, one of Switchboard's own settings
+    or a variable that makes a program load or run code (CODE_HOOK_VARIABLES, CODE_HOOK_PREFIXES).
+    Raises AgentEnvError."""
     checked: list[str] = []
     for raw in names:
         name = raw.strip()
@@ -139,12 +154,16 @@ def check_agent_env(names: Sequence[str]) -> tuple[str, ...]:
             continue
         if not _NAME.fullmatch(name):
             raise AgentEnvError(f"{AGENT_ENV_VARIABLE}: {name!r} is not a variable name (letters, digits and _)")
-        if name in BOT_SECRET_VARIABLES:
+        upper = name.upper()
+        if upper in BOT_SECRET_VARIABLES:
             raise AgentEnvError(f"{AGENT_ENV_VARIABLE}: {name} holds one of Switchboard's secrets, which the agent "
                                 f"never gets; give the agent its own key in its own configuration (for Hermes: "
                                 f"$HERMES_HOME/.env)")
-        if name.startswith("SWITCHBOARD_") and name not in AGENT_ENV_NAMES:
+        if upper.startswith("SWITCHBOARD_") and upper not in AGENT_ENV_NAMES:
             raise AgentEnvError(f"{AGENT_ENV_VARIABLE}: {name} is Switchboard's own setting, not the agent's")
+        if upper in CODE_HOOK_VARIABLES or upper.startswith(CODE_HOOK_PREFIXES):
+            raise AgentEnvError(f"{AGENT_ENV_VARIABLE}: {name} makes programs load or run code of its choosing, "
+                                f"so the agent never gets it; set it in the agent's own configuration if it needs it")
         if name not in checked:
             checked.append(name)
     return tuple(checked)
@@ -155,19 +174,23 @@ def parse_agent_env(text: str | None) -> tuple[str, ...]:
     return check_agent_env((text or "").replace(";", ",").split(","))
 
 
-def _withheld(value: str, secrets: Sequence[str]) -> bool:
-    return any(value == s or (len(s) >= _WHOLE_VALUE_BELOW and s in value) for s in secrets)
+def _withheld(value: str, secrets: Sequence[str], forms: Sequence[str]) -> bool:
+    """Whether `value` is one of `secrets`, or holds one of their `forms`."""
+    return value in secrets or any(form in value for form in forms)
 
 
 def child_environment(env: Mapping[str, str], extra: Sequence[str] = (),
                       withhold: Sequence[str] = ()) -> dict[str, str]:
     """The agent's environment: only the allow-listed variables of `env` (AGENT_ENV_NAMES, names
-    starting with AGENT_ENV_PREFIXES, and the checked `extra` names — none of them a secret's name),
-    and never one whose value carries a secret Switchboard holds (`withhold`)."""
+    starting with AGENT_ENV_PREFIXES, and the `extra` names, checked here again by `check_agent_env`:
+    AgentEnvError for a secret's name or a code hook), and never one whose value carries a secret
+    Switchboard holds (`withhold`), plain or encoded."""
     allowed = set(AGENT_ENV_NAMES) | set(check_agent_env(extra))
     secrets = [s for s in withhold if s]
+    # held inside a longer value in any form `common.redact.secret_forms` knows: escaped, percent, hex, base64
+    forms = [f for s in secrets if len(s) >= _WHOLE_VALUE_BELOW for f in secret_forms(s)]
     return {k: v for k, v in env.items()
-            if (k in allowed or k.startswith(AGENT_ENV_PREFIXES)) and not _withheld(v, secrets)}
+            if (k in allowed or k.startswith(AGENT_ENV_PREFIXES)) and not _withheld(v, secrets, forms)}
 
 
 def program_on_path(template: Sequence[str], env: Mapping[str, str] | None = None) -> str | None:

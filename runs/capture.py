@@ -1,10 +1,12 @@
 """What of a run's output may be kept — pure: the head and the tail within a cap (saying what was
-cut), and never a secret, whole or cut short."""
+cut), and never a secret, whole or cut short, plain or encoded."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+
+from common.redact import secret_forms
 
 REDACTED = "[redacted]"
 # No run of this many characters of a secret survives: a cap, a preview or a stream cut a secret
@@ -66,43 +68,55 @@ def cap_text(text: str, cap: int) -> tuple[str, bool]:
 
 
 class Scrubber:
-    """Replaces every secret it was given, and every piece of one at least `SECRET_PIECE_CHARS` long,
-    and anything shaped like a mutation token, with `[redacted]` (adjacent finds become one).
+    """Replaces every secret it was given — as written, and in every form `common.redact.secret_forms`
+    knows (escaped, percent-encoded, hex, base64: `cat .env | base64` is no way around it) — and every
+    piece of one of those at least `SECRET_PIECE_CHARS` long, and anything shaped like a mutation token,
+    with `[redacted]` (adjacent finds become one). Line breaks do not hide a form: `base64` and `xxd -p`
+    wrap their lines, so the text is also searched with its line breaks left out.
 
-    Blank secrets are ignored; a secret shorter than a piece is replaced only whole.
+    Blank secrets are ignored; a secret shorter than a piece is replaced only whole (its encoded forms
+    are matched when they are at least `common.redact.ENCODED_FORM_MIN` long).
     """
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         self.secrets: tuple[str, ...] = tuple(sorted({s for s in secrets if s and s.strip()}, key=len, reverse=True))
+        self._forms = tuple(sorted({f for s in self.secrets for f in secret_forms(s)}, key=len, reverse=True))
         n = SECRET_PIECE_CHARS
-        self._pieces = frozenset(s[i:i + n] for s in self.secrets if len(s) >= n for i in range(len(s) - n + 1))
+        self._pieces = frozenset(f[i:i + n] for f in self._forms if len(f) >= n for i in range(len(f) - n + 1))
 
     def with_secrets(self, more: Iterable[str]) -> Scrubber:
         return Scrubber((*self.secrets, *more))
 
     def __call__(self, text: str) -> str:
-        spans = [m.span() for m in MUTATION_TOKEN.finditer(text)]
-        for secret in self.secrets:
-            start = text.find(secret)
-            while start >= 0:
-                spans.append((start, start + len(secret)))
-                start = text.find(secret, start + 1)
-        if self._pieces:
-            n = SECRET_PIECE_CHARS
-            spans.extend((i, i + n) for i in range(len(text) - n + 1) if text[i:i + n] in self._pieces)
+        spans = [m.span() for m in MUTATION_TOKEN.finditer(text)] + self._found(text)
+        kept = [i for i, c in enumerate(text) if c not in "\r\n"]
+        if len(kept) < len(text):  # the same search with the line breaks left out, mapped back
+            spans += [(kept[a], kept[b - 1] + 1) for a, b in self._found("".join(text[i] for i in kept))]
         if not spans:
             return text
         spans.sort()
         out: list[str] = []
-        kept = 0
+        kept_to = 0
         end = -1
         for start, stop in spans:
             if start > end:  # a new find: keep the text before it
                 if end >= 0:
                     out.append(REDACTED)
-                out.append(text[kept:start])
+                out.append(text[kept_to:start])
             end = max(end, stop)
-            kept = end
+            kept_to = end
         out.append(REDACTED)
-        out.append(text[kept:])
+        out.append(text[kept_to:])
         return "".join(out)
+
+    def _found(self, text: str) -> list[tuple[int, int]]:
+        spans = []
+        for form in self._forms:
+            start = text.find(form)
+            while start >= 0:
+                spans.append((start, start + len(form)))
+                start = text.find(form, start + 1)
+        if self._pieces:
+            n = SECRET_PIECE_CHARS
+            spans.extend((i, i + n) for i in range(len(text) - n + 1) if text[i:i + n] in self._pieces)
+        return spans

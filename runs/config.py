@@ -22,7 +22,9 @@ class RunsConfig:
     `command`: an argv template; every `{task}` inside an element is replaced by the task text, and
     the task always stays inside that one element (no shell is involved). `agent_env`: names of extra
     variables the command's agent may see beyond the allow-list (`agent_command.AGENT_ENV_NAMES`);
-    a secret's name is refused (ValueError), never passed.
+    a secret's name is refused (ValueError), never passed. `workdir`: the folder the command's agent
+    starts in (created owner-only when missing) — never Switchboard's own working folder, where its
+    `.env` may be; None: a new private temporary folder per process.
     """
 
     lanes: tuple[str, ...] = DEFAULT_LANES
@@ -39,6 +41,7 @@ class RunsConfig:
     poll_interval_s: float = 5.0
     spoken_chars: int = 600
     agent_env: tuple[str, ...] = ()
+    workdir: Path | None = None
 
     def __post_init__(self) -> None:
         unknown = [lane for lane in self.lanes if lane not in LANE_NAMES]

@@ -3,6 +3,10 @@
 The CLI never reconciles, follows or delivers runs (the running service does); it reads tickets and
 asks a lane to stop one. Exit codes: 0 ok, 1 the lane failed, 2 usage, configuration or the store
 (unknown run, unusable SWITCHBOARD_HOME).
+
+A run's task, output, error, progress, notes and events are the agent's or a caller's words: printed
+without control or format characters (`common.visible`: no ESC sequence repaints the terminal, sets a
+hyperlink or writes the clipboard), each one-line field on one line. `--json` escapes them itself.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from bot.services import build_services
 from bot.settings import Settings
 from common.paths import home_problem
 from common.store import StoreError
+from common.visible import plain_line, printable
 from runs.config import RunsConfig
 from runs.core import RunTicket, SteerReceipt
 from runs.lanes import Lane
@@ -124,7 +129,7 @@ async def _list(service: RunService, args: argparse.Namespace, out: TextIO, now:
     for t in tickets:
         flag = " (not watched)" if _watched(t, service) is False else ""
         print(f"{t.id:>4}  {t.state.value:<21} {t.lane:<11} {elapsed_words(t.elapsed(now)):<16} "
-              f"{bounded(t.task, 60)}{flag}", file=out)
+              f"{bounded(plain_line(t.task), 60)}{flag}", file=out)
     return 0
 
 
@@ -176,31 +181,31 @@ def _print_show(ticket: RunTicket, receipts: list[SteerReceipt], events: list[Ru
     if watched is False:
         print("  not watched: the Switchboard that started it has exited; it is reconciled (asked, or "
               "reported lost) when Switchboard next starts", file=out)
-    print(f"  task: {ticket.task}", file=out)
+    print(f"  task: {plain_line(ticket.task)}", file=out)
     if ticket.requester_id is not None:
         print(f"  asked by: {ticket.requester_id}", file=out)
     if ticket.origin:
-        print(f"  started in: voice call {ticket.origin}", file=out)
+        print(f"  started in: voice call {plain_line(ticket.origin)}", file=out)
     if ticket.external_id:
-        print(f"  lane id: {ticket.external_id}", file=out)
+        print(f"  lane id: {plain_line(ticket.external_id)}", file=out)
     if ticket.progress and ticket.active:
-        print(f"  last progress: {ticket.progress}", file=out)
+        print(f"  last progress: {plain_line(ticket.progress)}", file=out)
     if ticket.approval is not None:
-        print(f"  question: {ticket.approval.description} ({', '.join(ticket.approval.choices) or 'once/session/deny'})",
-              file=out)
+        choices = plain_line(", ".join(ticket.approval.choices)) or "once/session/deny"
+        print(f"  question: {plain_line(ticket.approval.description)} ({choices})", file=out)
     if ticket.error:
-        print(f"  error: {ticket.error}", file=out)
+        print(f"  error: {plain_line(ticket.error)}", file=out)
     for receipt in receipts:
-        print(f"  note [{receipt.state.value}]: {receipt.note}", file=out)
+        print(f"  note [{receipt.state.value}]: {plain_line(receipt.note)}", file=out)
     if ticket.terminal:
         heard = {True: "announced in a call", False: "not announced (no call was live)", None: "not yet"}
         print(f"  delivery: {ticket.delivery.value}, {heard[ticket.announced]}", file=out)
     for event in events:
-        print(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(event.at))}  {event.kind}: {event.detail}",
-              file=out)
+        print(f"  {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(event.at))}  {event.kind}: "
+              f"{plain_line(event.detail)}", file=out)
     if ticket.output:
         print("--- output" + (" (cut to the size cap)" if ticket.output_cut else "") + " ---", file=out)
-        print(ticket.output, file=out)
+        print(printable(ticket.output), file=out)
 
 
 async def _stop(service: RunService, args: argparse.Namespace, out: TextIO, err: TextIO) -> int:

@@ -162,7 +162,8 @@ def _build_engine(provider: RealtimeProvider, transport, settings: Settings, end
     identity = build_identity(settings.home, settings.identity_include, memory=memory)
     # The terminal has one person at the keyboard, who may run every tool they ask for themselves;
     # the catalogue still refuses calls whose origin the core could not trace to their turn.
-    catalogue = ToolCatalogue(AllowKnownSpeakers(), call_tools(runs, requester_of=_no_user_id))
+    catalogue = ToolCatalogue(AllowKnownSpeakers(), call_tools(runs, owner=AllowKnownSpeakers(),
+                                                               requester_of=_no_user_id))
     return CallEngine(provider, transport, catalogue, identity,
                       options=CallOptions(endpointing=endpointing, vad=VadConfig(),
                                           min_interruption_ms=settings.min_interruption_ms,

@@ -31,7 +31,7 @@ import discord
 
 from bot.discord.call_row import CallRow, open_row
 from bot.discord.captions import CaptionThread
-from bot.discord.gate import OperatorGate
+from bot.discord.gate import OperatorGate, PhoneDataGate
 from bot.discord.posts import PostError, send
 from bot.discord.untrusted import escape_caller_text
 from bot.tools import call_tools
@@ -124,7 +124,7 @@ class CallManager:
                  provider: Callable[[], RealtimeProvider], identity: Callable[[MemorySource], Identity],
                  deaf_after_s: float = 5.0, idle_leave_s: float = 120.0, max_minutes: float | None = None,
                  room: RoomOptions | None = None, records: Callable[[], CallRecords] | None = None,
-                 on_ended: CallEnded | None = None) -> None:
+                 on_ended: CallEnded | None = None, home_guilds: frozenset[int]) -> None:
         self._client = client
         self.room = room or RoomOptions()
         self._vad: VadBank | None = None  # loaded at the first join, then shared by every call
@@ -135,6 +135,7 @@ class CallManager:
         self._max_minutes = max_minutes
         self._runs = runs
         self._gate = gate
+        self._phone = PhoneDataGate(gate, home_guilds)  # the phone tools: an operator alone, in a home server
         self._provider = provider
         self._identity = identity
         self._records = records  # late-bound: the store arrives with the services
@@ -192,7 +193,7 @@ class CallManager:
                                       room_clock=self._room_clock)
             voice.add_sink(transport.on_speech)
             runs = self._runs()
-            catalogue = ToolCatalogue(self._gate, call_tools(runs))
+            catalogue = ToolCatalogue(self._gate, call_tools(runs, owner=self._phone))
             room = self.room
             reply_to = resume.mode if resume is not None and resume.mode in REPLY_MODES else room.reply_to
             captions = resume.captions if resume is not None else room.captions
@@ -207,7 +208,7 @@ class CallManager:
             # the call's id outlives the process with its row: runs it started are found by it in the recap
             call_id = f"call-{record_id}" if record_id is not None else f"g{guild.id}-{int(started_at)}"
             info = CallInfo(call_id, guild.id, channel.id)
-            memory = await known_facts(Archive(runs.store), guild.id)  # phone calls' and this server's calls' facts
+            memory = await known_facts(Archive(runs.store), guild.id)  # this server's calls' facts; never the phone's
             history = [HistoryTurn(t.role, t.text, t.speaker_id, t.name if t.role == "user" else None)
                        for t in resume.turns] if resume is not None else []
             engine = CallEngine(provider, transport, catalogue, self._identity(memory), options=options, call=info,

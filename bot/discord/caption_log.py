@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import unicodedata
 from collections import deque
 from dataclasses import dataclass, field
 
 from bot.discord.untrusted import escape_caller_text
+from common.visible import ELLIPSIS, plain_line
 
 log = logging.getLogger(__name__)
 
@@ -22,12 +22,9 @@ MAX_AGE_S = 10.0  # a message takes new lines for this long after its first
 EDIT_INTERVAL_S = 1.5  # between two requests for the same message
 BURST, WINDOW_S = 5, 5.0  # requests per window in the thread (Discord's per-channel write limit)
 NAME_MAX = 64  # code points of a display name (Discord's are ≤ 32); longer ones are cut
-ELLIPSIS = "…"
 
 
 # -- one line --------------------------------------------------------------------------------------
-
-_SPACE = re.compile(r"\s+")
 
 
 def caption_line(role: str, name: str | None, text: str, *, agent_name: str) -> str | None:
@@ -39,8 +36,9 @@ def caption_line(role: str, name: str | None, text: str, *, agent_name: str) -> 
     markdown is escaped (`discord.utils.escape_markdown`), `@everyone`/`@here`/`<@id>`-style mentions are
     broken (`escape_mentions`), every bracket is escaped so no masked link `[x](url)` can form (not even
     across name and text), and every `<` is followed by a zero-width space so no `<@…>`, `<#…>`, `<@&…>`,
-    `<t:…>` or `</…>` token is parsed. A person's name is cut to 64 characters and may not end like the
-    assistant's marker. The line may be longer than a message; `CaptionLog` cuts it."""
+    `<t:…>` or `</…>` token is parsed. A person's name is cut to 64 characters; one that reads as the
+    assistant's marker anywhere in it (`name_skeleton`: look-alike letters, fillers and invisible marks
+    do not hide it) is marked "(person)". The line may be longer than a message; `CaptionLog` cuts it."""
     said = plain_line(text)
     if not said:
         return None
@@ -53,24 +51,30 @@ def caption_line(role: str, name: str | None, text: str, *, agent_name: str) -> 
     return f"**{escape_caller_text(who)}**: {escape_caller_text(said)}"
 
 
-def plain_line(value: object, limit: int | None = None) -> str:
-    """One line of visible text: control/format characters dropped, whitespace collapsed, cut to `limit`."""
-    kept = []
-    for ch in str(value or ""):
-        kind = unicodedata.category(ch)
-        if ch.isspace() or kind in ("Zl", "Zp"):
-            kept.append(" ")
-        elif kind not in ("Cc", "Cf", "Cs", "Co"):
-            kept.append(ch)
-    plain = _SPACE.sub(" ", "".join(kept)).strip()
-    if limit is not None and len(plain) > limit:
-        plain = plain[:limit - 1].rstrip() + ELLIPSIS
-    return plain
+# Letters that look like those of "(assistant)" in Cyrillic, Greek, IPA and the like (NFKC already maps the
+# fullwidth, circled, super- and subscript forms), and bracket look-alikes NFKC leaves alone.
+_CONFUSABLE = str.maketrans({
+    **dict.fromkeys("\u0430\u0251\u03b1\u237a\u0250", "a"), **dict.fromkeys("\u0455\ua731\u0282\u01bd", "s"),
+    **dict.fromkeys("\u0456\u0131\u03b9\u04cf\u0269\ua647\u1fbe\u0457\u026a", "i"),
+    **dict.fromkeys("\u0442\u03c4\u0287\u1d1b", "t"), **dict.fromkeys("\u0578\u057c\u0274\u03b7\u043f", "n"),
+    **dict.fromkeys("\u2768\u276a\u27ee\u2985\u2e28\ufd3e\u0f3a\u0f3c", "("),
+    **dict.fromkeys("\u2769\u276b\u27ef\u2986\u2e29\ufd3f\u0f3b\u0f3d", ")"),
+})
+_SKELETON_KEEPS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789()")
+
+
+def name_skeleton(name: str) -> str:
+    """What a name reads as: compatibility forms folded (NFKC), accents and other marks dropped, case
+    folded, look-alike letters mapped to the Latin ones, and then only ASCII letters, digits and
+    parentheses kept — fillers (U+3164, U+115F, U+FFA0, U+2800), variation selectors, joiners and
+    spaces leave nothing behind."""
+    decomposed = unicodedata.normalize("NFKD", unicodedata.normalize("NFKC", name))
+    folded = "".join(c for c in decomposed if not unicodedata.combining(c)).casefold().translate(_CONFUSABLE)
+    return "".join(c for c in folded if c in _SKELETON_KEEPS)
 
 
 def _reads_as_assistant(name: str) -> bool:
-    folded = unicodedata.normalize("NFKC", name).casefold().replace(" ", "")
-    return folded.endswith("(assistant)")
+    return "(assistant)" in name_skeleton(name)
 
 
 def discord_length(text: str) -> int:

@@ -28,9 +28,9 @@ from bot.discord.caption_log import (
     InvalidState,
     PostMessage,
     caption_line,
-    plain_line,
 )
 from bot.discord.posts import NO_PINGS
+from common.visible import plain_line
 
 log = logging.getLogger(__name__)
 

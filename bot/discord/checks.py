@@ -20,6 +20,7 @@ import discord
 from discord import app_commands
 
 from bot.discord.embeds import refusal_embed
+from bot.discord.gate import in_home_guild
 
 if TYPE_CHECKING:
     from bot.discord.commands.context import CommandContext
@@ -68,7 +69,7 @@ def operator_only(action: str) -> Callable[[T], T]:
 
 def home_guild_refusal(guild_id: int | None, allowed: frozenset[int] | set[int]) -> str | None:
     """Why a command is not available where it was used, or None when it is."""
-    if guild_id is not None and (not allowed or guild_id in allowed):
+    if in_home_guild(guild_id, allowed):
         return None
     where = "in a direct message" if guild_id is None else "in this server"
     return (f"This is not available {where}: it belongs to the server Switchboard serves"

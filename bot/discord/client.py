@@ -67,7 +67,7 @@ class SwitchboardBot(discord.Client):
                                  deaf_after_s=settings.deaf_after_s, idle_leave_s=settings.idle_leave_s,
                                  max_minutes=settings.call_max_minutes,
                                  room=room_options(settings), records=lambda: self._services().calls,
-                                 on_ended=self.wrap_up)
+                                 on_ended=self.wrap_up, home_guilds=settings.guild_ids)
         self.resumer = CallResumer(self.calls, records=lambda: self._services().calls)
         self.tree.on_error = on_command_error  # type: ignore[method-assign]  # one handler: refusals, failures
         self.tree.add_command(TalkGroup(self))

@@ -1,4 +1,7 @@
-"""Embeds for runs and calls, kept inside Discord's limits (4096 description, 6000 per message)."""
+"""Embeds for runs and calls, kept inside Discord's limits (4096 description, 6000 per message).
+
+A run's task, output, error and progress are the agent's or a caller's words: shown as text
+(`bot.discord.untrusted.shown`), never as markdown, masked links, mentions or control sequences."""
 
 from __future__ import annotations
 
@@ -6,6 +9,8 @@ from collections.abc import Sequence
 
 import discord
 
+from bot.discord.untrusted import escape_caller_text, escaped_within, shown
+from common.visible import printable
 from runs import RunState, RunTicket
 from runs.wording import STATE_WORDS, bounded, elapsed_words
 
@@ -40,20 +45,21 @@ def fitted(items: Sequence[str], limit: int, *, total: int | None = None) -> str
 def run_embed(ticket: RunTicket, now: float, *, description_limit: int = 3500) -> discord.Embed:
     """One run: state colour, requester, lane, duration, output (cut, with where to read the rest)."""
     took = elapsed_words(ticket.elapsed(ticket.finished_at or now))
-    embed = discord.Embed(title=bounded(f"Run {ticket.id}: {ticket.task}", TITLE_LIMIT - 2),
+    embed = discord.Embed(title=shown(f"Run {ticket.id}: {ticket.task}", TITLE_LIMIT - 2),
                           colour=COLOURS[ticket.state])
-    body = (ticket.output or ticket.error or ticket.progress or "").strip()
-    if len(body) > description_limit:
-        body = body[: description_limit - 80].rstrip() + f"\n… cut here; `/runs show {ticket.id}` pages the rest"
-    embed.description = body or None
+    body = ticket.output or ticket.error or ticket.progress or ""
+    text = escape_caller_text(printable(body).strip())
+    if len(text) > description_limit:
+        text = shown(body, description_limit - 80, lines=True) + f"\n… cut here; `/runs show {ticket.id}` pages the rest"
+    embed.description = text or None
     embed.add_field(name="state", value=STATE_WORDS[ticket.state], inline=True)
     embed.add_field(name="lane", value=ticket.lane, inline=True)
     embed.add_field(name="time", value=took, inline=True)
     embed.add_field(name="asked by", value=f"<@{ticket.requester_id}>" if ticket.requester_id else "—", inline=True)
     if ticket.origin:
-        embed.add_field(name="started in", value=f"voice call {bounded(ticket.origin, 80)}", inline=True)
+        embed.add_field(name="started in", value=f"voice call {shown(ticket.origin, 80)}", inline=True)
     if ticket.error and ticket.output:
-        embed.add_field(name="error", value=bounded(ticket.error, FIELD_LIMIT - 2), inline=False)
+        embed.add_field(name="error", value=shown(ticket.error, FIELD_LIMIT - 2), inline=False)
     if ticket.output_cut:
         embed.set_footer(text="the agent's output was longer than the size cap and was cut")
     assert len(embed) <= MESSAGE_LIMIT
@@ -61,9 +67,15 @@ def run_embed(ticket: RunTicket, now: float, *, description_limit: int = 3500) -
 
 
 def output_pages(ticket: RunTicket, page_chars: int = 3900) -> list[str]:
-    """A run's whole output in pieces that each fit one embed description."""
-    text = (ticket.output or ticket.error or "").strip()
-    return [text[i:i + page_chars] for i in range(0, len(text), page_chars)] or [""]
+    """A run's whole output in pieces that each fit one embed description, each shown as text (escaped,
+    no control characters)."""
+    text = printable((ticket.output or ticket.error or "").strip())
+    pages = []
+    while text:
+        page, room = escaped_within(lambda room, rest=text: rest[:room], page_chars)
+        pages.append(page)
+        text = text[room:]
+    return pages or [""]
 
 
 def runs_list_embed(tickets: list[RunTicket], now: float) -> discord.Embed:
@@ -72,7 +84,7 @@ def runs_list_embed(tickets: list[RunTicket], now: float) -> discord.Embed:
         embed.description = "No runs yet. Ask the assistant in a call to start one."
         return embed
     lines = [f"**{t.id}** · {STATE_WORDS[t.state]} · {t.lane} · {elapsed_words(t.elapsed(t.finished_at or now))} · "
-             f"{bounded(t.task, 80)}" for t in tickets]
+             f"{shown(t.task, 80)}" for t in tickets]
     text = ""
     for line in lines:
         if len(text) + len(line) + 1 > DESCRIPTION_LIMIT - 40:

@@ -1,10 +1,15 @@
-"""The operator gate: who may run tools that change things, in a Discord call.
+"""The operator gate: who may run tools that change things, in a Discord call — and who may hear the
+owner's phone calls there.
 
 A mutating tool runs only when the turn behind the call was spoken by exactly one person and that
 person's immutable Discord user id is in SWITCHBOARD_OPERATOR_USER_IDS. The speakers come from the
 call core's attribution (the audio actually committed for that turn, inherited by follow-ups) —
 never from a display name, a transcript, an SSRC alone or a model-supplied argument. An empty
 operator set (unset, blank or malformed setting) authorises nobody.
+
+`PhoneDataGate` applies `/transcripts`' rule to a call's phone tools (the archived transcripts, the
+facts learned from phone calls, the review and callbacks): the same operator alone, and only in a home
+server (SWITCHBOARD_GUILD_IDS; any server when it is unset, never a direct message).
 """
 
 from __future__ import annotations
@@ -19,6 +24,12 @@ log = logging.getLogger(__name__)
 NOT_AN_OPERATOR = "only an operator can {action}; ask one of them to say it"
 SEVERAL_SPEAKERS = ("several people spoke in that turn, so I can't tell it was an operator alone; an operator "
                     "should ask again on their own")
+
+
+def in_home_guild(guild_id: int | None, home: frozenset[int] | set[int]) -> bool:
+    """A server Switchboard serves: one of `home` (SWITCHBOARD_GUILD_IDS), any server when it is empty;
+    never a direct message (None)."""
+    return guild_id is not None and (not home or guild_id in home)
 
 
 class OperatorGate:
@@ -44,6 +55,21 @@ class OperatorGate:
             raise ToolRefused(NOT_AN_OPERATOR.format(action=_action(tool)))
 
 
+class PhoneDataGate:
+    """The `ToolAuthorizer` the phone tools (`bot.tools.phone`) ask before they read or change the owner's
+    phone calls in a Discord call: an operator speaking alone (`OperatorGate`), in a home server."""
+
+    def __init__(self, gate: OperatorGate, home_guilds: frozenset[int] | set[int]) -> None:
+        self.gate = gate
+        self.home_guilds = frozenset(home_guilds)
+
+    async def authorize(self, tool: Tool, call: ToolCall) -> None:
+        if not in_home_guild(call.call.guild_id, self.home_guilds):
+            raise ToolRefused("the phone calls are the owner's, and this is not the server they belong to")
+        await self.gate.authorize(tool, call)
+
+
 def _action(tool: Tool) -> str:
     return {"delegate_task": "start work", "stop_work": "stop work", "steer_agent": "steer work",
-            "resolve_approval": "answer a run's question"}.get(tool.name, f"use {tool.name}")
+            "resolve_approval": "answer a run's question", "transcript_search": "read the phone calls",
+            "transcript_review_config": "change what runs after phone calls"}.get(tool.name, f"use {tool.name}")

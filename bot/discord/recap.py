@@ -1,8 +1,9 @@
 """A call's recap, posted when it ends: how long it took, who spoke and for how long, the runs it started,
 what it cost, and what was discussed and decided — pure: a `CallRecap` in, one `discord.Embed` out.
 
-Display names, run tasks and the summary come from what people said: each is shown as text
-(`escape_caller_text`), once, here. Every part has its own character budget, and the budgets add up
+Display names, run tasks and the summary come from what people said: each is shown as text, once, here
+(`bot.discord.untrusted.shown`: escaped, and without control or format characters — no ESC, no bidi
+override can reorder or hide a name). Every part has its own character budget, and the budgets add up
 to less than Discord's 6000 per message, so no input — a hundred speakers, a hundred runs, a summary
 of any length — can make the post fail; whatever is left out is counted ("… and 12 more").
 """
@@ -17,7 +18,7 @@ from typing import NamedTuple
 import discord
 
 from bot.discord.embeds import MESSAGE_LIMIT, fitted
-from bot.discord.untrusted import escape_caller_text
+from bot.discord.untrusted import shown
 from runs import RunTicket
 from runs.wording import STATE_WORDS, bounded
 from voice.call.records import CallRecord
@@ -107,24 +108,11 @@ def duration_words(seconds: float) -> str:
     return f"{hours} h" + (f" {minutes} min" if minutes else "")
 
 
-def shown(text: str | None, limit: int) -> str:
-    """Untrusted `text` as one escaped line of at most `limit` characters (cut before escaping, so no
-    escape is ever cut in half; cut shorter when escaping made it longer)."""
-    room = limit
-    while True:
-        line = escape_caller_text(bounded(text, max(0, room - 2)))
-        if len(line) <= limit:
-            return line
-        if room <= 2:
-            return "…"
-        room = min(room - 1, room * limit // len(line))  # escaping grew it by about that ratio
-
-
 def _speaker_lines(speakers: Sequence[SpeakerTime]) -> tuple[list[str], int]:
     ordered = sorted(speakers, key=lambda s: (-s.spoken_ms, s.user_id))
     lines = []
     for speaker in ordered[:SPEAKERS_SHOWN]:
-        name = shown(speaker.name, 80) if speaker.name and speaker.name.strip() else f"user {speaker.user_id}"
+        name = shown(speaker.name, 80) or f"user {speaker.user_id}"  # a name of invisible characters is none
         lines.append(f"**{name}** · {duration_words(speaker.spoken_ms / 1000)}" if speaker.spoken_ms
                      else f"**{name}**")
     return lines, len(ordered)

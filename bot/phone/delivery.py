@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Protocol, TextIO
 
 from common.store import Store
+from common.visible import printable
 from listener.callbacks import MutationTokens, deliver_channel
 from listener.pipeline import CallCard
 from listener.repository import POSTING, WAITING, JobRepository, JobRoute, TranscriptRepository
@@ -208,9 +209,6 @@ def card_summary(card: CallCard) -> str:
             f"{length}{card.turns} turns, {len(card.jobs)} job{'s' * (len(card.jobs) != 1)}")
 
 
-def printable(text: str) -> str:
-    """Caller text for a terminal: no control characters (no ANSI escapes), newlines kept."""
-    return "".join(c if c.isprintable() or c == "\n" else "\ufffd" for c in text)
 
 
 def card_reference(channel_id: int, message_id: int) -> str:

@@ -1,4 +1,5 @@
-"""The command lane: a detached one-shot agent process (default `hermes -z {task}`), no shell."""
+"""The command lane: a detached one-shot agent process (default `hermes -z {task}`), no shell, started in a
+work folder of its own (`RunsConfig.workdir`), never in Switchboard's working folder beside its `.env`."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import contextlib
 import logging
 import os
 import signal
+import tempfile
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 
@@ -62,13 +64,13 @@ class CommandLane:
     name = NAME
 
     def __init__(self, config: RunsConfig, *, env: Mapping[str, str] | None = None,
-                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, cwd: Path | None = None,
-                 withhold: Iterable[str] = ()) -> None:
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep, withhold: Iterable[str] = ()) -> None:
         self._config = config
         self._env = dict(os.environ if env is None else env)
         self._withhold = tuple(s for s in withhold if s)  # values no variable the agent sees may carry
         self._sleep = sleep
-        self._cwd = cwd
+        self._workdir = config.workdir  # None: a private temporary folder, made at the first start
+        self._temporary = config.workdir is None
         self._procs: dict[int, asyncio.subprocess.Process] = {}
         self._reapers: set[asyncio.Task] = set()
 
@@ -99,12 +101,25 @@ class CommandLane:
         """What the agent process is given (the allow-list; see `agent_command.child_environment`)."""
         return child_environment(self._env, self._config.agent_env, self._withhold)
 
+    def workdir(self) -> Path:
+        """The folder the agent starts in, made owner-only (0700) when missing. Raises LaneError."""
+        if self._workdir is None:
+            self._workdir = Path(tempfile.mkdtemp(prefix="switchboard-agent-"))
+        try:
+            self._workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise LaneError(f"cannot use the agent's work folder {self._workdir}: "
+                            f"{exc.strerror or type(exc).__name__}") from None
+        return self._workdir
+
     async def start(self, ticket: RunTicket) -> str:
         try:
             argv = self.argv(ticket.task)
+            if os.sep in argv[0] and not os.path.isabs(argv[0]):  # `./agent`: from where Switchboard started,
+                argv[0] = os.path.abspath(argv[0])  # not from the agent's work folder
             proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE, env=self.environment(), cwd=self._cwd,
+                stderr=asyncio.subprocess.PIPE, env=self.environment(), cwd=self.workdir(),
                 start_new_session=True)  # its own process group: stop reaches every child it spawns
         except TemplateError as exc:
             raise LaneError(str(exc)) from None
@@ -209,3 +224,6 @@ class CommandLane:
         for reaper in list(self._reapers):
             reaper.cancel()
         await asyncio.gather(*list(self._reapers), return_exceptions=True)
+        if self._temporary and self._workdir is not None:  # the temporary folder goes when the agents left it empty
+            with contextlib.suppress(OSError):
+                self._workdir.rmdir()

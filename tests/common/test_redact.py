@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
-from urllib.parse import quote
+from urllib.parse import quote, quote_plus
 
 import pytest
 
-from common.redact import CredentialRedactor, connection_logger, redact
+from common.redact import CredentialRedactor, connection_logger, encoded_forms, redact, scrub_secrets
 
 KEY = "sk-proj-Abc123def456ghi789"
 XKEY = "xai-Zyx987wvu654tsr321"
@@ -83,3 +84,23 @@ def test_a_connection_log_without_secrets_still_redacts_credentials(caplog):
     caplog.set_level(logging.DEBUG, logger="tests.redact.plain")
     log.debug("> %s: %s", "X-Api-Key", "opaque-value-1234")
     assert "opaque-value-1234" not in caplog.text and "X-Api-Key: ***" in caplog.text
+
+
+SPACED = "hunter2 pass/word+x"  # a space and a / are encoded differently by each URL encoder
+
+
+@pytest.mark.parametrize("form", [quote(SPACED), quote(SPACED, safe=""), quote_plus(SPACED)],
+                         ids=["path", "component", "form-field"])
+def test_every_percent_encoding_of_a_secret_holding_a_space_and_a_slash_is_removed_whole(form):
+    assert scrub_secrets(f"GET /x?p={form}&next=1", [SPACED]) == "GET /x?p=***&next=1"
+
+
+def test_the_encoded_forms_are_hex_percent_and_base64_at_each_offset_and_never_short():
+    forms = encoded_forms("abc")  # 3 bytes: hex is 6 characters, base64 4: all too short to match safely
+    assert forms == {"%61%62%63", "%61%62%63".lower()}
+    secret = "tok-3x/+Zq"
+    for prefix in ("", "A", "AB", "ABC"):
+        for encode in (base64.b64encode, base64.urlsafe_b64encode):
+            text = encode(f"{prefix}{secret}TAIL".encode()).decode()
+            assert any(form in text for form in encoded_forms(secret)), (prefix, text)
+    assert secret.encode().hex() in encoded_forms(secret) and secret.encode().hex().upper() in encoded_forms(secret)

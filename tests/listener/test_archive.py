@@ -146,11 +146,12 @@ async def test_the_full_text_index_matches_the_turns_after_archiving_editing_and
     assert (await archive.search("boiler"))["results"] == []
 
 
-async def test_transcript_search_is_a_read_only_voice_tool_anyone_may_use(archive):
+async def test_transcript_search_is_a_read_only_voice_tool_for_whoever_may_read_the_phone_calls(archive):
     from bot.tools.phone import transcript_tools
-    from voice.call.tools import ToolCatalogue
+    from voice.call.tools import AllowKnownSpeakers, ToolCatalogue
 
-    catalogue = ToolCatalogue(None, transcript_tools(archive))  # the default gate denies every mutating tool
+    # the default gate denies every mutating tool; the terminal's one person may read the phone calls
+    catalogue = ToolCatalogue(None, transcript_tools(archive, AllowKnownSpeakers()))
     assert catalogue.get("transcript_search").mutating is False
     outcome = await catalogue.run("c1", "transcript_search", json.dumps({"query": "plumber Friday"}))
     found = json.loads(outcome.output)

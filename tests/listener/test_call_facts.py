@@ -102,6 +102,35 @@ def test_a_fact_no_operator_stands_behind_is_rejected_with_a_reason(name, item, 
     assert checked.accepted == () and reason in checked.rejected[0].reason
 
 
+DEPLOY = Transcript("discord-call-8", (
+    Turn(0, GUS, "Remember that the deploy key is hunter2-ZX81, everyone.", name="Gus"),
+    Turn(1, OLIVE, "What time is the standup tomorrow?", name="Olive"),
+    Turn(2, OLIVE, "Yes, ten works for me.", name="Olive"),
+    Turn(3, OLIVE, "The deploy key hunter2-ZX81, got it.", name="Olive"),
+    Turn(4, GUS, "Great.", name="Gus"),
+    Turn(5, OLIVE, "Yes, absolutely.", name="Olive"),
+), source="discord call")
+DEPLOY_FACT = "The deploy key is hunter2-ZX81."
+
+
+@pytest.mark.parametrize("turn,quote,reason", [
+    (2, "wh", "neither says yes nor repeats the fact"),  # two letters of an unrelated question
+    (2, "What time is the standup", "neither says yes nor repeats the fact"),
+    (6, "Yes, absolutely", "more than 3 turns after"),  # a yes, but long after and about something else
+])
+def test_an_unrelated_operator_turn_does_not_confirm_a_guests_fact(turn, quote, reason):
+    item = proposal(DEPLOY_FACT, 1, "the deploy key is hunter2-ZX81", turn, quote)
+    checked = validate({"facts": [item]}, DEPLOY, OPERATORS)
+    assert checked.accepted == () and reason in checked.rejected[0].reason
+
+
+@pytest.mark.parametrize("turn,quote", [(3, "Yes, ten works"), (4, "deploy key hunter2-ZX81")])
+def test_an_operator_confirms_with_a_yes_or_the_facts_own_words_within_three_turns(turn, quote):
+    checked = validate({"facts": [proposal(DEPLOY_FACT, 1, "the deploy key is hunter2-ZX81", turn, quote)]},
+                       DEPLOY, OPERATORS)
+    assert len(checked.accepted) == 1 and checked.accepted[0].confirmed_by == OLIVE
+
+
 def test_trust_is_the_label_the_code_assigned_never_the_name():
     spoofed = proposal("The billing contact is mallory@evil.example.", 4, "billing contact is mallory@evil.example")
     assert validate({"facts": [spoofed]}, CALL, OPERATORS).accepted == ()

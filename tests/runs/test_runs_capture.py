@@ -3,6 +3,9 @@ leaves, mutation tokens nobody announced — and nothing else touched."""
 
 from __future__ import annotations
 
+import base64
+from urllib.parse import quote, unquote
+
 import pytest
 
 from runs.capture import REDACTED, SECRET_PIECE_CHARS, CappedOutput, Scrubber
@@ -63,3 +66,48 @@ def test_more_secrets_can_be_added_and_the_original_is_unchanged():
     scrub = Scrubber([SECRET])
     more = scrub.with_secrets([OTHER, ""])
     assert scrub(OTHER) == OTHER and more(f"{OTHER} {SECRET}") == f"{REDACTED} {REDACTED}"
+
+
+DOTENV = (f"SWITCHBOARD_RUNS_CHANNEL_ID=123\nDISCORD_BOT_TOKEN={OTHER}\nOPENAI_API_KEY={SECRET}\n"
+          "SWITCHBOARD_REPLY_TO=everyone\n").encode()
+
+
+def wrapped(text: str, width: int) -> str:
+    return "\n".join(text[i:i + width] for i in range(0, len(text), width)) + "\n"
+
+
+def decodings(segment: str, encoding: str) -> list[str]:
+    """What a piece of kept text says once decoded, at every alignment it could have."""
+    if encoding == "percent":
+        return [unquote(segment)]
+    if "base64" in encoding:
+        decode, step = (base64.urlsafe_b64decode if encoding == "base64url" else base64.b64decode), 4
+    else:
+        decode, step = bytes.fromhex, 2
+    out = []
+    for start in range(step):
+        usable = segment[start:][: (len(segment) - start) // step * step].rstrip("=")
+        try:
+            out.append(decode(usable + "=" * (-len(usable) % 4) if step == 4 else usable).decode("utf-8", "replace"))
+        except ValueError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("prefix", [b"", b"#", b"##"])  # the secrets start at each of base64's byte offsets
+@pytest.mark.parametrize("encoding", ["base64", "base64 -w0", "base64url", "hex", "HEX", "xxd -p", "percent"])
+def test_an_encoded_copy_of_the_env_file_is_scrubbed_too(encoding, prefix):
+    data = prefix + DOTENV
+    shown = {"base64": lambda: base64.encodebytes(data).decode(),  # coreutils `base64`: 76-column lines
+             "base64 -w0": lambda: base64.b64encode(data).decode(),
+             "base64url": lambda: base64.urlsafe_b64encode(data).decode(),
+             "hex": lambda: data.hex(), "HEX": lambda: data.hex().upper(),
+             "xxd -p": lambda: wrapped(data.hex(), 60),  # `xxd -p`: 60-column lines
+             "percent": lambda: quote(data.decode(), safe="")}[encoding]()
+    scrubbed = Scrubber([SECRET, OTHER])(f"here is the file:\n{shown}done")
+    assert scrubbed.startswith("here is the file:\n") and scrubbed.endswith("done")
+    kept = scrubbed.removeprefix("here is the file:\n").removesuffix("done").replace("\n", "").split(REDACTED)
+    assert len(kept) >= 3  # both secrets were found
+    said = [text for segment in kept for text in decodings(segment, encoding)]
+    assert "SWITCHBOARD_REPLY_TO=everyone" in "".join(said) or encoding != "percent"  # the rest is untouched
+    assert survivors("\n".join(said), SECRET, OTHER) == []

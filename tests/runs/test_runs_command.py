@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import os
 import sys
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 
@@ -15,6 +17,7 @@ from runs.agent_command import (
     AGENT_ENV_PREFIXES,
     BOT_SECRET_VARIABLES,
     AgentEnvError,
+    child_environment,
     parse_agent_env,
 )
 from runs.config import RunsConfig
@@ -141,6 +144,10 @@ async def test_the_agent_process_gets_the_allow_list_and_never_a_key_or_token_sw
 async def test_an_operator_passes_more_by_name_but_never_a_secret_by_name_or_by_value(tmp_path):
     env = operator_environment(tmp_path)
     env["HERMES_BORROWED"] = f"--key={BOT_SECRETS['OPENAI_API_KEY']}"  # allow-listed name, a bot secret inside
+    key = BOT_SECRETS["OPENAI_API_KEY"].encode()
+    env["HERMES_ENCODED"] = base64.b64encode(b"k=" + key).decode()  # ... or an encoded copy of one
+    env["HERMES_HEX"] = key.hex()
+    env["HERMES_PERCENT"] = quote(f"x {BOT_SECRETS['OPENAI_API_KEY']}/", safe="")
     config = RunsConfig(command=agent_command("env"), agent_env=("SOME_TOOL_SETTING", "GITHUB_TOKEN"))
     agent = CommandLane(config, env=env, withhold=[BOT_SECRETS["OPENAI_API_KEY"], "", None])
     finished = await run_to_end(agent, ticket())
@@ -155,6 +162,13 @@ async def test_an_operator_passes_more_by_name_but_never_a_secret_by_name_or_by_
     ("SWITCHBOARD_CALLBACK_TOKEN", "one of Switchboard's secrets"),
     ("SWITCHBOARD_MODEL", "Switchboard's own setting"), ("BAD-NAME", "not a variable name"),
     ("A B", "not a variable name"), ("1ABC", "not a variable name"),
+    # in any letter case: the same names to the agent's tools and to a reviewer's eye
+    ("discord_bot_token", "one of Switchboard's secrets"), ("Openai_Api_Key", "one of Switchboard's secrets"),
+    ("switchboard_model", "Switchboard's own setting"),
+    # loader and start-up hooks: a value that makes a program run code
+    *((name, "load or run code") for name in ("LD_PRELOAD", "LD_LIBRARY_PATH", "ld_preload", "BASH_ENV", "ENV",
+                                              "PYTHONPATH", "PYTHONSTARTUP", "NODE_OPTIONS", "GIT_SSH_COMMAND",
+                                              "DYLD_INSERT_LIBRARIES", "PERL5OPT", "JAVA_TOOL_OPTIONS")),
 ])
 def test_switchboard_agent_env_refuses_secrets_and_anything_that_is_not_a_name(names, says):
     with pytest.raises(AgentEnvError, match=says):
@@ -166,7 +180,7 @@ def test_switchboard_agent_env_refuses_secrets_and_anything_that_is_not_a_name(n
 def test_switchboard_agent_env_names_are_trimmed_deduplicated_and_blank_means_none():
     assert parse_agent_env(None) == parse_agent_env("") == parse_agent_env(" , ") == ()
     assert parse_agent_env(" HTTPS_PROXY, SSL_CERT_FILE ,HTTPS_PROXY") == ("HTTPS_PROXY", "SSL_CERT_FILE")
-    assert RunsConfig(agent_env=(" NODE_OPTIONS ", "")).agent_env == ("NODE_OPTIONS",)
+    assert RunsConfig(agent_env=(" SSL_CERT_FILE ", "")).agent_env == ("SSL_CERT_FILE",)
 
 
 def test_every_variable_settings_reads_a_secret_from_is_withheld_from_the_agent():
@@ -247,3 +261,50 @@ async def test_a_start_failure_is_a_lane_error_and_steering_is_refused_with_the_
         await agent.steer(ticket(id=4), "note")
     lost = await agent.reconcile(ticket(external_id="999999:1"))
     assert lost[0].state is RunState.LOST and "cannot be re-attached" in lost[0].error
+
+
+SHELL_AGENT = ("/bin/sh", "-c", 'pwd; ls -A; cat .env 2>&1; echo "task: $1"', "agent", "{task}")
+
+
+async def test_the_agent_starts_in_a_work_folder_of_its_own_not_beside_switchboards_env(tmp_path, monkeypatch):
+    switchboard = tmp_path / "switchboard"  # where `switchboard run` was started, its .env beside it
+    switchboard.mkdir()
+    (switchboard / ".env").write_text(f"DISCORD_BOT_TOKEN={BOT_SECRETS['DISCORD_BOT_TOKEN']}\n")
+    monkeypatch.chdir(switchboard)
+    work = tmp_path / "home" / "agent-work"
+    agent = CommandLane(RunsConfig(command=SHELL_AGENT, workdir=work), env=operator_environment(tmp_path))
+    finished = await run_to_end(agent, ticket("cat .env"))
+    assert finished.output.splitlines()[0] == str(work)  # the real process's working folder
+    assert "No such file" in finished.output and BOT_SECRETS["DISCORD_BOT_TOKEN"] not in finished.output
+    assert work.stat().st_mode & 0o777 == 0o700
+    default = CommandLane(RunsConfig(command=SHELL_AGENT), env=operator_environment(tmp_path))
+    own = (await run_to_end(default, ticket("cat .env"))).output.splitlines()[0]
+    assert own != str(switchboard) and Path(own).name.startswith("switchboard-agent-")  # a private temp folder
+    await default.aclose()
+    assert not Path(own).exists()  # left empty by the agent, it goes with the lane
+
+
+async def test_a_work_folder_that_cannot_be_made_is_a_lane_error_naming_it(tmp_path):
+    (tmp_path / "file").write_text("not a folder")
+    agent = CommandLane(RunsConfig(command=SHELL_AGENT, workdir=tmp_path / "file" / "work"))
+    with pytest.raises(LaneError, match="cannot use the agent's work folder .*file/work"):
+        await agent.start(ticket())
+
+
+@pytest.mark.parametrize("extra", ["DISCORD_BOT_TOKEN", "discord_bot_token", "LD_PRELOAD", "SWITCHBOARD_MODEL"])
+def test_child_environment_checks_the_extra_names_itself(extra):
+    """A lane built around the settings (or a test) may hand `child_environment` names nobody checked."""
+    env = {"PATH": "/bin", extra: "value-the-agent-must-not-get"}
+    with pytest.raises(AgentEnvError):
+        child_environment(env, (extra,))
+
+
+async def test_a_relative_agent_program_is_found_from_where_switchboard_started(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bin").mkdir()
+    script = tmp_path / "bin" / "agent.sh"
+    script.write_text('#!/bin/sh\necho "ran: $1 in $(pwd)"\n')
+    script.chmod(0o755)
+    agent = CommandLane(RunsConfig(command=("./bin/agent.sh", "{task}"), workdir=tmp_path / "work"))
+    finished = await run_to_end(agent, ticket("hello"))
+    assert finished.output.strip() == f"ran: hello in {tmp_path / 'work'}"

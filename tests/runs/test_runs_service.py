@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import sqlite3
 
 import pytest
 
+from common.redact import encoded_forms
 from common.store import DB_FILENAME
 from runs import (
     Delivery,
@@ -551,3 +553,22 @@ async def test_a_huge_or_negative_run_number_from_a_model_is_no_such_run_not_an_
                 await h.service.get(number)
             with pytest.raises(UnknownRun):
                 await h.service.stop(number, "why not")
+
+
+@pytest.mark.parametrize("encoder", ["base64", "basenc --base64url", "xxd -p"])
+async def test_an_agent_that_prints_an_encoded_env_file_has_every_secret_scrubbed(tmp_path, encoder):
+    """`cat .env | base64` through the real command lane and the service: what is stored, posted and
+    said holds none of the process's secrets in the encodings the scrubber knows."""
+    if shutil.which(encoder.split()[0]) is None:
+        pytest.skip(f"{encoder.split()[0]} is not installed")
+    env_file = tmp_path / "switchboard.env"
+    env_file.write_text("".join(f"{name.upper()}_KEY={value}\n" for name, value in PROCESS_SECRETS.items()))
+    agent = ("/bin/sh", "-c", f'{encoder} < "$1"', "agent", "{task}")
+    async with harness(tmp_path, lanes=("command",), command=agent, secrets=tuple(PROCESS_SECRETS.values())) as h:
+        await h.service.delegate(str(env_file))
+        done = await h.delivered(1)
+        reported = await everything_reported(h, 1)
+    assert done.state is RunState.COMPLETED and "[redacted]" in done.output
+    joined = reported.replace("\n", "").replace("\\n", "")  # the encoders wrap their lines
+    for secret in PROCESS_SECRETS.values():
+        assert [form for form in encoded_forms(secret) if form[:12] in joined] == [], secret

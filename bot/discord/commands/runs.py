@@ -13,6 +13,7 @@ from discord import app_commands
 
 from bot.discord.checks import HomeGuildGroup, operator_only, refuse
 from bot.discord.embeds import info_embed, output_pages, refusal_embed, run_embed, runs_list_embed
+from common.visible import plain_line
 from runs import Refused, UnknownRun
 from runs.wording import STATE_WORDS, bounded
 
@@ -29,7 +30,8 @@ class RunsGroup(HomeGuildGroup):
                            ) -> list[app_commands.Choice[int]]:
         typed = str(current or "")
         tickets = await self.ctx.runs.tickets(25)
-        return [app_commands.Choice(name=bounded(f"{t.id}: {STATE_WORDS[t.state]} · {t.task}", 98), value=t.id)
+        return [app_commands.Choice(name=bounded(plain_line(f"{t.id}: {STATE_WORDS[t.state]} · {t.task}"), 98),
+                                    value=t.id)
                 for t in tickets if str(t.id).startswith(typed)][:25]
 
     @app_commands.command(name="list", description="Recent background runs, newest first")

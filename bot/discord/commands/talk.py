@@ -1,8 +1,9 @@
 """/talk join|leave|mode|captions|status: the assistant in a voice channel.
 
-Changing the call (join, leave, mode, captions) is for operators (`operator_only`, on the invoking
-user's immutable id); `status` is for anyone. Joining defers first: connecting can take longer than
-Discord's 3 s first-response window.
+Every command answers only in the home server(s), as `/runs` does (`HomeGuildGroup`: the model, the
+voice and the agent lanes are the owner's business). Changing the call (join, leave, mode, captions) is
+for operators (`operator_only`, on the invoking user's immutable id); `status` is for anyone there.
+Joining defers first: connecting can take longer than Discord's 3 s first-response window.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 import discord
 from discord import app_commands
 
-from bot.discord.checks import operator_only, refuse
+from bot.discord.checks import HomeGuildGroup, operator_only, refuse
 from bot.discord.embeds import info_embed, refusal_embed
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-class TalkGroup(app_commands.Group):
+class TalkGroup(HomeGuildGroup):
     def __init__(self, ctx: CommandContext) -> None:
         super().__init__(name="talk", description="Talk with the assistant in a voice channel", guild_only=True)
         self.ctx = ctx

@@ -1,4 +1,5 @@
-"""/transcripts search|show: the phone-call archive, in the home server only.
+"""/transcripts search|show: the phone-call archive — the owner's — for operators only, in the home
+server only (the same rule a call's phone tools follow: `bot.discord.gate.PhoneDataGate`).
 
 Everything an archived call contains is what callers said: external, untrusted text. It is shown
 escaped (no markdown, no masked links, no mentions), only to the person who asked (ephemeral), and
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import discord
 from discord import app_commands
 
-from bot.discord.checks import HomeGuildGroup, refuse
+from bot.discord.checks import HomeGuildGroup, operator_only, refuse
 from bot.discord.embeds import DESCRIPTION_LIMIT, FIELD_LIMIT, MESSAGE_LIMIT, TITLE_LIMIT, info_embed
 from bot.discord.untrusted import untrusted
 from listener.archive import ArchiveError
@@ -104,6 +105,7 @@ class TranscriptsGroup(HomeGuildGroup):
     @app_commands.command(name="search", description="Archived call turns with all these words, best first")
     @app_commands.describe(query="words from the call: a name, a number, a phrase",
                            page="which page of results (default 1)")
+    @operator_only("read the phone calls")
     async def search(self, interaction: discord.Interaction, query: app_commands.Range[str, 1, 200],
                      page: app_commands.Range[int, 1, 1000] = 1) -> None:
         try:
@@ -122,6 +124,7 @@ class TranscriptsGroup(HomeGuildGroup):
     @app_commands.rename(ref="id")
     @app_commands.describe(ref="the archive id (#n in search) or the conversation id",
                            page="which page of the turns (default 1)")
+    @operator_only("read the phone calls")
     async def show(self, interaction: discord.Interaction, ref: app_commands.Range[str, 1, 200],
                    page: app_commands.Range[int, 1, 1000] = 1) -> None:
         try:

@@ -8,6 +8,7 @@ import io
 import json
 import os
 import socket
+import unicodedata
 
 from bot.cli.runs import add_parser, main
 from bot.settings import check_settings
@@ -120,3 +121,24 @@ async def test_stop_of_an_api_run_asks_hermes_and_records_what_it_says(tmp_path)
         code, out, err = await cli(tmp_path, "stop", "1", config=config)
         assert code == 0 and out.strip() == "run 1 already stopped"
         fake.assert_clean()
+
+
+# A task the agent echoes back: ANSI colours, an OSC 8 hyperlink, an OSC 52 clipboard write, a bidi
+# override, and a line break that would forge a line of `runs show`.
+HOSTILE_TASK = ("tidy \x1b[2J\x1b[31mred\x1b[0m \x1b]8;;https://evil.example\x1b\\click\x1b]8;;\x1b\\ "
+                "\x1b]52;c;ZWNobyBwd25lZA==\x07 \u202eeno\u202c\n  error: none")
+
+
+async def test_list_and_show_print_the_agents_words_without_control_sequences(tmp_path):
+    async with harness(tmp_path, lanes=("command",), command=agent_command("answer")) as h:
+        await h.service.delegate(HOSTILE_TASK)
+        await h.delivered(1)
+    for argv in (("list",), ("show", "1")):
+        code, out, _ = await cli(tmp_path, *argv)
+        assert code == 0 and "red" in out and "click" in out  # the words are there, inert
+        assert not any(unicodedata.category(c) in ("Cc", "Cf") for c in out.replace("\n", "")), repr(out)
+    head = out.split("--- output")[0]  # the run's fields: one line each; the output below keeps its lines
+    assert not any(line.startswith("  error:") for line in head.splitlines())  # no forged line
+    assert "answer: tidy" in out and "ZWNobyBwd25lZA==" in out  # the agent's output, kept
+    code, out, _ = await cli(tmp_path, "show", "1", "--json")
+    assert json.loads(out)["task"] == HOSTILE_TASK and "\x1b" not in out  # JSON escapes it, exactly

@@ -4,12 +4,14 @@ slash commands and their operator checks, run notifications in the runs channel,
 from __future__ import annotations
 
 import asyncio
+import unicodedata
 
 from bot.cli.run import serve
 from bot.discord.client import intents
 from runs import Delivery
 from tests.support.discord_service import OPENAI_KEY, Service, service, settings_for
 from tests.support.fake_discord import EPHEMERAL, FakeDiscord, SimUser, point_discord_py_at
+from tests.support.fake_discord.checks import pinged
 from tests.support.fake_discord.interactions import build_command_interaction
 from tests.support.runs import SAFETY_S
 
@@ -96,6 +98,30 @@ async def test_a_finished_run_is_posted_in_the_runs_channel_and_listed_shown_and
     assert stop["deferred"] and "already" in stop["embeds"][0]["description"].lower()
 
 
+HOSTILE_TASK = ("\x1b]52;c;cHduZWQ=\x07\u202eeno\u202c read [Open the report](https://evil.example/phish) to "
+                "@everyone \x1b]8;;https://evil.example\x1b\\click\x1b]8;;\x1b\\")
+
+
+async def test_a_run_whose_task_and_output_are_hostile_is_posted_listed_and_shown_as_text(tmp_path):
+    async with service(tmp_path) as svc:
+        bot_runs = svc.bot.runs
+        await bot_runs.delegate(HOSTILE_TASK, requester_id=svc.operator.id)  # the agent echoes it as its answer
+        await asyncio.wait_for(bot_runs.wait_until(1, lambda t: t.delivery is Delivery.DELIVERED), SAFETY_S)
+        listing = await svc.command("runs list", user=svc.guest)
+        shown = await svc.command("runs show", {"run": 1}, user=svc.guest)
+        pending = await svc.fake.send_autocomplete("runs show", {"run": ""}, focused="run", user=svc.guest)
+        suggested = await svc.fake.wait_response(pending)
+    (posted,) = svc.fake.state.messages
+    texts = [posted["embeds"][0]["title"], posted["embeds"][0]["description"],
+             listing["embeds"][0]["description"], shown["embeds"][0]["description"]]
+    for text in texts:
+        assert pinged(text, None) == {"everyone": False, "users": [], "roles": []}, text
+        assert "[Open the report](" not in text and "Open the report" in text, text
+    choices = [c["name"] for c in suggested["data"]["choices"]]  # plain text in Discord's picker: no markdown
+    for text in [*texts, *choices]:
+        assert not any(unicodedata.category(c) in ("Cc", "Cf") for c in text.replace("\u200b", "")), text
+
+
 async def test_a_post_the_channel_refuses_is_kept_shown_in_status_and_never_loses_the_run(tmp_path):
     async with service(tmp_path) as svc:
         svc.fake.fail_channel(svc.fake.text_channel.id, "forbidden")
@@ -150,14 +176,17 @@ async def command_from(svc: Service, where: str, command: str, options: dict | N
     return {"deferred": False, **response["data"]}
 
 
-async def test_runs_transcripts_and_callbacks_answer_only_in_the_home_server(tmp_path):
-    asks = [("runs list", None), ("runs show", {"run": 1}), ("runs stop", {"run": 1}),
+async def test_talk_runs_transcripts_and_callbacks_answer_only_in_the_home_server(tmp_path):
+    asks = [("talk status", None), ("talk join", None), ("talk leave", None), ("talk mode", {"mode": "addressed"}),
+            ("talk captions", {"state": "on"}),
+            ("runs list", None), ("runs show", {"run": 1}), ("runs stop", {"run": 1}),
             ("transcripts search", {"query": "dentist"}), ("transcripts show", {"id": "call_1"}),
             ("callbacks list", None), ("callbacks remove", {"id": "notes"})]
     async with service(tmp_path, guild_sync=True) as svc:
         refusals = {(where, command): await command_from(svc, where, command, options, user=svc.operator)
                     for where in ("dm", "other server") for command, options in asks}
         at_home = await svc.command("runs list", user=svc.operator)
+        status = await svc.command("talk status", user=svc.guest)
     for (where, command), answer in refusals.items():
         assert answer.get("flags", 0) & EPHEMERAL and not answer["deferred"], (where, command, answer)
         (embed,) = answer["embeds"]
@@ -165,4 +194,5 @@ async def test_runs_transcripts_and_callbacks_answer_only_in_the_home_server(tmp
         assert embed["description"] == (f"This is not available {place}: it belongs to the server Switchboard "
                                         "serves (SWITCHBOARD_GUILD_IDS)."), (where, command, embed)
     assert "not available" not in str(at_home)  # the home server is answered
+    assert status["deferred"] and "it belongs to the server" not in str(status)  # /talk status: anyone there
     assert not svc.fake.state.messages  # nothing was posted anywhere

@@ -23,7 +23,7 @@ from listener.memory import CALL_SYSTEM_PROMPT, Memory
 from tests.support.fake_text_model import FakeTextModel
 from voice.call.attribution import CallInfo
 from voice.call.records import CallRecord, CallRecords
-from voice.call.tools import ToolCall
+from voice.call.tools import DenyMutating, ToolCall
 
 KEY = "text-key-SECRET"
 GUILD = 5150
@@ -101,7 +101,7 @@ async def test_an_operators_statement_is_kept_with_its_provenance_and_the_next_c
     assert "The launch review moves to Thursday the 14th." in (await known_facts(Archive(rig.store), GUILD)).facts()
     assert (await known_facts(Archive(rig.store), GUILD + 1)).facts() == []  # another server's calls do not
     # and memory_search in a call in that server finds it, saying where it came from
-    tool = next(t for t in transcript_tools(Archive(rig.store)) if t.name == "memory_search")
+    tool = next(t for t in transcript_tools(Archive(rig.store), DenyMutating()) if t.name == "memory_search")
     elsewhere = await tool.handler(ToolCall("c0", "memory_search", {"query": "launch review"}, "{}",
                                             call=CallInfo("call-9", GUILD + 1, 1)))
     assert elsewhere["facts"] == []

@@ -1,5 +1,5 @@
 """/transcripts and /callbacks through the real discord.py client against the loopback fake Discord:
-search and show the archive (external, untrusted text, only to the asker, paged), and change the
+search and show the archive (operators only; external, untrusted text, only to the asker, paged), and change the
 post-call callbacks — operators only, decided on the user id, with deliver channels checked against
 the guild — confirmed where everyone sees it."""
 
@@ -79,11 +79,11 @@ async def test_both_groups_sync_with_their_sub_commands(tmp_path):
 async def test_search_finds_a_turn_marks_the_user_and_says_the_text_is_external_and_untrusted(tmp_path):
     async with service(tmp_path) as svc:
         (dentist,) = await seed(svc, DENTIST)
-        found = await svc.command("transcripts search", {"query": "dentist Tuesday"}, user=svc.guest)
-        mine = await svc.command("transcripts search", {"query": "nine"}, user=svc.guest)
-        hostile = await svc.command("transcripts search", {"query": "click everyone"}, user=svc.guest)
-        nothing = await svc.command("transcripts search", {"query": "plumber"}, user=svc.guest)
-        no_words = await svc.command("transcripts search", {"query": "?!"}, user=svc.guest)
+        found = await svc.command("transcripts search", {"query": "dentist Tuesday"}, user=svc.operator)
+        mine = await svc.command("transcripts search", {"query": "nine"}, user=svc.operator)
+        hostile = await svc.command("transcripts search", {"query": "click everyone"}, user=svc.operator)
+        nothing = await svc.command("transcripts search", {"query": "plumber"}, user=svc.operator)
+        no_words = await svc.command("transcripts search", {"query": "?!"}, user=svc.operator)
     assert found["flags"] & EPHEMERAL
     embed = only_embed(found)
     (line,) = embed["description"].splitlines()
@@ -103,9 +103,9 @@ async def test_search_finds_a_turn_marks_the_user_and_says_the_text_is_external_
 async def test_search_pages_ten_at_a_time_and_says_how_to_get_the_next_page(tmp_path):
     async with service(tmp_path) as svc:
         await seed(svc, INVOICES)
-        first = await svc.command("transcripts search", {"query": "invoice due"}, user=svc.guest)
-        second = await svc.command("transcripts search", {"query": "invoice due", "page": 2}, user=svc.guest)
-        past = await svc.command("transcripts search", {"query": "invoice due", "page": 3}, user=svc.guest)
+        first = await svc.command("transcripts search", {"query": "invoice due"}, user=svc.operator)
+        second = await svc.command("transcripts search", {"query": "invoice due", "page": 2}, user=svc.operator)
+        past = await svc.command("transcripts search", {"query": "invoice due", "page": 3}, user=svc.operator)
     one, two = only_embed(first), only_embed(second)
     assert len(one["description"].splitlines()) == 10 and len(two["description"].splitlines()) == 2
     assert "/transcripts search query:invoice due page:2" in one["footer"]["text"]
@@ -120,12 +120,12 @@ async def test_show_by_conversation_id_pages_every_turn_and_shows_the_review(tmp
         _, long_id = await seed(svc, DENTIST, LONG)
         await svc.bot.store.execute("UPDATE transcripts SET review = ?, review_status = 'done' WHERE id = ?",
                                     ("Nothing to do.\n" + "r" * 2000, long_id))
-        first = await svc.command("transcripts show", {"id": "call_long"}, user=svc.guest)
+        first = await svc.command("transcripts show", {"id": "call_long"}, user=svc.operator)
         total = int(re.search(r"page 1 of (\d+)", only_embed(first)["footer"]["text"]).group(1))
-        pages = [first] + [await svc.command("transcripts show", {"id": "call_long", "page": p}, user=svc.guest)
+        pages = [first] + [await svc.command("transcripts show", {"id": "call_long", "page": p}, user=svc.operator)
                            for p in range(2, total + 1)]
-        past = await svc.command("transcripts show", {"id": "call_long", "page": total + 1}, user=svc.guest)
-        by_archive_id = await svc.command("transcripts show", {"id": "1"}, user=svc.guest)
+        past = await svc.command("transcripts show", {"id": "call_long", "page": total + 1}, user=svc.operator)
+        by_archive_id = await svc.command("transcripts show", {"id": "1"}, user=svc.operator)
     assert total > 1
     embeds = [only_embed(p) for p in pages]
     for n, (answer, embed) in enumerate(zip(pages, embeds, strict=True), start=1):
@@ -152,11 +152,21 @@ async def test_show_by_conversation_id_pages_every_turn_and_shows_the_review(tmp
 async def test_an_unknown_call_is_an_ephemeral_refusal(tmp_path):
     async with service(tmp_path) as svc:
         await seed(svc, DENTIST)
-        missing = await svc.command("transcripts show", {"id": "call_nope"}, user=svc.guest)
-        missing_number = await svc.command("transcripts show", {"id": "99"}, user=svc.guest)
+        missing = await svc.command("transcripts show", {"id": "call_nope"}, user=svc.operator)
+        missing_number = await svc.command("transcripts show", {"id": "99"}, user=svc.operator)
     assert "There is no archived call 'call_nope'" in refused(missing)
     assert "/transcripts search" in refused(missing)
     assert "There is no archived call '99'" in refused(missing_number)
+
+
+async def test_the_phone_calls_are_read_by_operators_only_never_a_guest_with_the_operators_name(tmp_path):
+    async with service(tmp_path) as svc:
+        await seed(svc, DENTIST)
+        answers = [await svc.command("transcripts search", {"query": "dentist"}, user=svc.guest),
+                   await svc.command("transcripts show", {"id": "call_1"}, user=svc.guest)]
+    for answer in answers:
+        text = refused(answer)
+        assert text.startswith("Only an operator can read the phone calls") and "dentist" not in text
 
 
 async def test_a_guest_with_the_operators_display_name_cannot_change_callbacks(tmp_path):

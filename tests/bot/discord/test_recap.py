@@ -4,6 +4,7 @@ push it past a Discord limit."""
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import discord
 
@@ -89,6 +90,19 @@ def test_hostile_names_and_tasks_are_shown_as_text_never_as_mentions_or_links():
     assert not MENTION.search(everything)
     assert "[click](" not in everything and "\\[click\\]" in everything
     assert HOSTILE not in everything
+
+
+def test_bidi_overrides_and_escape_sequences_in_names_and_tasks_are_dropped():
+    reversed_name = "\u202eeno\u202c"  # shows as "one" backwards-wrapped, reordering what follows
+    painted = "\x1b[31mMallory\x1b[0m\u200b\x1b]8;;https://evil.example\x07"
+    embed = recap_embed(recap(speakers=(SpeakerTime(ALICE, reversed_name, 9000), SpeakerTime(MALLORY, painted, 8000),
+                                        SpeakerTime(BOB, "\u202e\u2066", 7000)),
+                              runs=(ticket(3, RunState.COMPLETED, "deploy \x1b]52;c;cHduZWQ=\x07 \u2067now"),)))
+    who = field(embed, "who spoke").split("\n")
+    assert who == ["**eno** · 9 s", "**\\[31mMallory\\[0m\\]8;;https://evil.example** · 8 s", f"**user {BOB}** · 7 s"]
+    assert field(embed, "runs started") == "`/runs show 3` · finished · deploy \\]52;c;cHduZWQ= now"
+    everything = "\n".join([embed.description, *(f.value for f in embed.fields)])
+    assert not any(unicodedata.category(c) in ("Cc", "Cf") for c in everything.replace("\n", ""))
 
 
 def test_without_a_summary_the_recap_says_so_and_keeps_everything_else():

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from bot.discord.gate import OperatorGate
+from bot.discord.gate import OperatorGate, PhoneDataGate
 from bot.phone.delivery import ListenerDelivery, TerminalPoster, card_reference
 from bot.services import STORE_MIGRATIONS
 from bot.tools.phone import transcript_tools
@@ -148,8 +148,9 @@ async def test_the_terminal_poster_prints_cards_and_results(store, capsys):
     assert f"meant for Discord channel {OTHER_CHANNEL}" in err
 
 
-async def test_searching_is_open_and_changing_what_runs_after_calls_is_the_operators_alone(store):
-    catalogue = ToolCatalogue(OperatorGate(frozenset({OPERATOR})), transcript_tools(Archive(store)))
+async def test_reading_and_changing_what_runs_after_calls_is_the_operators_alone(store):
+    gate = OperatorGate(frozenset({OPERATOR}))
+    catalogue = ToolCatalogue(gate, transcript_tools(Archive(store), PhoneDataGate(gate, frozenset())))
     assert not catalogue.get("memory_search").mutating and catalogue.get("transcript_review_config").mutating
 
     async def run(name: str, args: dict, speakers: frozenset) -> dict:
@@ -157,8 +158,10 @@ async def test_searching_is_open_and_changing_what_runs_after_calls_is_the_opera
                                       call=CallInfo("call-1", 1, 2))
         return {"ok": outcome.ok, **json.loads(outcome.output)}
 
-    found = await run("transcript_search", {"query": "table"}, frozenset({GUEST}))
+    found = await run("transcript_search", {"query": "table"}, frozenset({OPERATOR}))
     assert found["ok"] and found["source_trust"] == "external-untrusted" and found["results"]
+    assert "only an operator can read the phone calls" in (await run("transcript_search", {"query": "table"},
+                                                                     frozenset({GUEST})))["error"]
     refused = await run("transcript_review_config", {"action": "clear"}, frozenset({GUEST}))
     assert not refused["ok"]
     assert (await Callbacks(store).review()) is not None  # nothing changed
