@@ -22,7 +22,7 @@ class Calls(CallManager):
 
     def __init__(self, server: OfflineServer) -> None:
         super().__init__(server.client, runs=_unused, gate=OperatorGate(()), provider=_unused, identity=_unused,
-                         on_ended=self._wrapped_up)
+                         on_ended=self._wrapped_up, home_guilds=frozenset())
         self.joined: list[tuple[int, int, CallRecord | None]] = []  # guild, channel, the row resumed
         self.wrapped_up: list[int] = []
         self.join_fails: Exception | None = None
