@@ -36,10 +36,12 @@ LISTENER_MIGRATIONS = tuple(Migration(package, version, sql) for package, versio
 STORE_MIGRATIONS = (*MIGRATIONS, *LISTENER_MIGRATIONS, *VOICE_MIGRATIONS)
 
 
-async def open_home_store(settings: Settings, *, create: bool = True) -> Store:
+async def open_home_store(settings: Settings, *, create: bool = True, read_only: bool = False) -> Store:
     """The one store in SWITCHBOARD_HOME, with every package's tables; `create=False` for a command that
-    only reads (no store there is then an error, not a new one). Raises StoreError (one line)."""
-    return await open_store(settings.home, STORE_MIGRATIONS, create=create)
+    only reads or stops (no store there is then an error, not a new one), `read_only` for one that only
+    reads (it then works in a home it cannot write, and writes nothing there). Raises StoreError (one
+    line)."""
+    return await open_store(settings.home, STORE_MIGRATIONS, create=create, read_only=read_only)
 
 
 @contextlib.contextmanager
@@ -112,7 +114,8 @@ async def build_services(settings: Settings, *, sink: NotificationSink | None = 
                          config: RunsConfig | None = None, lanes: Sequence[Lane] | None = None,
                          clock: Callable[[], float] = time.time,
                          sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                         hold_delivery_s: float = 0.0, create_store: bool = True) -> AsyncIterator[Services]:
+                         hold_delivery_s: float = 0.0, create_store: bool = True,
+                         read_only: bool = False) -> AsyncIterator[Services]:
     """Open the store in SWITCHBOARD_HOME, start the runs service over it, and close both on exit.
 
     `sink` gets finished runs that are not a listener job's (default: the terminal); `poster` posts
@@ -121,9 +124,10 @@ async def build_services(settings: Settings, *, sink: NotificationSink | None = 
     it was. `config` replaces the runs configuration read from settings; `lanes`, `clock` and `sleep`
     are for tests; `hold_delivery_s` holds finished runs until `services.runs.release_delivery()` (the
     Discord service: until it has rejoined its calls); `create_store=False` for commands that only read
-    or stop (no store in SWITCHBOARD_HOME is then an error). Raises `common.store.StoreError` (one line,
-    says what to check)."""
-    store = await open_home_store(settings, create=create_store)
+    or stop (no store in SWITCHBOARD_HOME is then an error); `read_only` for commands that only read
+    (with `watch_runs=False`: nothing is written, not even beside the file). Raises
+    `common.store.StoreError` (one line, says what to check)."""
+    store = await open_home_store(settings, create=create_store, read_only=read_only)
     delivery = ListenerDelivery(store, sink or TerminalSink(), poster or TerminalPoster(),
                                 default_channel=settings.transcripts_channel_id)
     runs = RunService(store, config or runs_config(settings), sink=delivery, lanes=lanes, clock=clock, sleep=sleep,

@@ -131,13 +131,14 @@ def _calls_to_resume(settings) -> Check | None:
     """Voice calls the next `switchboard run` rejoins (read-only); None when there are none."""
     import sqlite3
 
+    from common.store.readonly import reading
     from voice.call.records import unfinished_calls
 
     path = settings.home.expanduser() / DB_FILENAME
     if not path.exists():
         return None
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        with reading(path) as db:
             counts = unfinished_calls(db)
     except sqlite3.Error:
         return None
@@ -169,6 +170,7 @@ def _post_call(settings) -> list[Check]:
     import sqlite3
 
     from bot.settings import text_model_key
+    from common.store.readonly import reading
     from listener.repository import callback_switches, last_failed_post, results_waiting
 
     key, source = text_model_key(settings)
@@ -184,7 +186,7 @@ def _post_call(settings) -> list[Check]:
     callbacks, review, failed, waiting = [], False, None, 0
     if path.exists():
         try:
-            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+            with reading(path) as db:
                 for cid, enabled in callback_switches(db):
                     if cid == "default-review":
                         review = enabled
@@ -212,6 +214,7 @@ def _last_post(settings) -> Check:
     """The last run post's outcome, read from the store without changing it."""
     import sqlite3
 
+    from common.store.readonly import reading
     from runs.repository import last_post_event
 
     path = settings.home.expanduser() / DB_FILENAME
@@ -219,7 +222,7 @@ def _last_post(settings) -> Check:
     if not path.exists():
         return Check("runs channel", "ok", f"{channel}; nothing posted yet")
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
+        with reading(path) as db:
             row = last_post_event(db)
     except sqlite3.Error:
         row = None

@@ -152,6 +152,7 @@ class Store:
         self._busy = busy
         self._write_lock = asyncio.Lock()
         self._closed = False
+        self.read_only = False  # opened by a command that only reads (`common.store.readonly`)
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -251,6 +252,8 @@ class Store:
     async def migrate(self, migrations: Iterable[Migration]) -> list[Migration]:
         """Apply the migrations not yet recorded; returns those applied now. Safe to call again."""
         applied: list[Migration] = []
+        if self.read_only:  # checked when it was opened; a reading command never upgrades the schema
+            return applied
         for package, items in _check(migrations).items():
             async with self.transaction() as db:
                 async with db.execute("SELECT MAX(version) FROM schema_migrations WHERE package = ?",
@@ -293,10 +296,12 @@ def _every(conn: sqlite3.Connection, sql: str, params: Sequence) -> list[sqlite3
         cursor.close()
 
 
-async def _connect(path: Path, busy: Busy) -> aiosqlite.Connection:
+async def _connect(path: Path | str, busy: Busy) -> aiosqlite.Connection:
     """An aiosqlite connection whose worker thread is a daemon: a store left open (a test that
-    failed, a crash on the way out) must not keep the interpreter alive waiting for it at exit."""
-    connection = aiosqlite.connect(path, isolation_level=None, timeout=busy.timeout_s)
+    failed, a crash on the way out) must not keep the interpreter alive waiting for it at exit. A
+    `file:` URI string opens with its parameters (`common.store.readonly`)."""
+    connection = aiosqlite.connect(path, isolation_level=None, timeout=busy.timeout_s,
+                                   uri=isinstance(path, str) and path.startswith("file:"))
     worker = getattr(connection, "_thread", None)  # aiosqlite starts it on first await, non-daemon
     if isinstance(worker, threading.Thread) and not worker.is_alive():
         worker.daemon = True
@@ -318,23 +323,38 @@ async def _enter_wal(store: Store) -> str:
 
 async def open_store(home: Path, migrations: Iterable[Migration] = (), *,
                      clock: Callable[[], float] = time.time, filename: str = DB_FILENAME,
-                     busy: Busy | None = None, create: bool = True) -> Store:
+                     busy: Busy | None = None, create: bool = True, read_only: bool = False) -> Store:
     """Open (creating, unless `create` is false) `home/filename` owner-only in WAL mode and apply
     `migrations`. Raises StoreError (one line) for a home or file that cannot hold the store, or that
     holds none when `create` is false (a command that only reads: a mistyped SWITCHBOARD_HOME must not
-    quietly become a new, empty store); deletes nothing."""
+    quietly become a new, empty store); deletes nothing. `read_only` (implies `create=False`): only
+    read, creating nothing beside the file, in a home this process may not be able to write
+    (`common.store.readonly`)."""
     home = Path(home).expanduser()
     path = home / filename
     busy = busy or Busy()
     from common.paths import home_problem  # the same line doctor prints
 
-    if problem := home_problem(home):
+    if problem := home_problem(home, writing=not read_only):
         raise StoreError(problem)
-    if not create and not path.exists():
+    if (read_only or not create) and not path.exists():
         raise StoreError(f"there is no store in {home}: nothing has been recorded there yet; check "
                          "SWITCHBOARD_HOME (switchboard run, listen and talk create it)")
     if problem := store_problem(path):
         raise StoreError(problem)
+    if read_only:
+        from common.store.readonly import open_read_only
+
+        async def reading(uri: str) -> Store:
+            connection = await _connect(uri, busy)
+            return Store(path, connection, connection, clock, busy)
+
+        try:
+            if (store := await open_read_only(path, migrations, reading)) is not None:
+                return store
+        except sqlite3.Error as exc:
+            raise StoreError(store_problem(path, exc) or f"cannot read {path}: {exc}; check SWITCHBOARD_HOME "
+                             "and its permissions") from None
     try:
         _secure_dir(home)
         _secure_file(path)
