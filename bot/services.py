@@ -19,29 +19,34 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from bot.phone.delivery import ListenerDelivery, ResultPoster, TerminalPoster
 from bot.settings import SECRET_VARIABLES, Settings
-from common.store import Migration, Store, open_store
+from common.store import Store, open_store
 from listener.archive import Archive
 from listener.callbacks import Callbacks, MutationTokens
-from listener.repository import MIGRATIONS as LISTENER_STEPS
+from listener.repository import MIGRATIONS as LISTENER_MIGRATIONS
 from runs import MIGRATIONS, NotificationSink, RunsConfig, RunService, TerminalSink
 from runs.lanes import Lane
 from voice.call.records import MIGRATIONS as VOICE_MIGRATIONS
 from voice.call.records import CallRecords
 
-# The listener declares its tables as plain steps (it never imports the service); the store applies them.
-LISTENER_MIGRATIONS = tuple(Migration(package, version, sql) for package, version, sql in LISTENER_STEPS)
 STORE_MIGRATIONS = (*MIGRATIONS, *LISTENER_MIGRATIONS, *VOICE_MIGRATIONS)
 
 
 async def open_home_store(settings: Settings, *, create: bool = True, read_only: bool = False) -> Store:
-    """The one store in SWITCHBOARD_HOME, with every package's tables; `create=False` for a command that
-    only reads or stops (no store there is then an error, not a new one), `read_only` for one that only
-    reads (it then works in a home it cannot write, and writes nothing there). Raises StoreError (one
-    line)."""
-    return await open_store(settings.home, STORE_MIGRATIONS, create=create, read_only=read_only)
+    """The one store — in PostgreSQL when SWITCHBOARD_DATABASE_URL is set, else in SWITCHBOARD_HOME — with
+    every package's tables; `create=False` for a command that only reads or stops (no store there is then
+    an error, not a new one), `read_only` for one that only reads (in SQLite it then works in a home it
+    cannot write, and writes nothing there). Raises StoreError (one line)."""
+    return await open_store(settings.home, STORE_MIGRATIONS, database_url=database_url(settings), create=create,
+                            read_only=read_only)
+
+
+def database_url(settings: Settings) -> str | None:
+    """SWITCHBOARD_DATABASE_URL, or None: the store is SQLite in SWITCHBOARD_HOME."""
+    return settings.database_url.get_secret_value() if settings.database_url is not None else None
 
 
 @contextlib.contextmanager
@@ -70,8 +75,18 @@ def process_secrets(settings: Settings) -> tuple[str, ...]:
     held = (settings.discord_token, settings.openai_api_key, settings.xai_api_key, settings.hermes_api_key,
             settings.listener_key, settings.text_api_key)
     values = [v.get_secret_value() for v in held if v is not None]
+    if password := _password(database_url(settings)):
+        values.append(password)  # the URL itself is one of SECRET_VARIABLES
     values += [os.environ.get(name, "").strip() for name in SECRET_VARIABLES]  # a key's other alias, too
     return tuple(dict.fromkeys(v for v in values if v))
+
+
+def _password(url: str | None) -> str | None:
+    try:
+        password = urlsplit(url).password if url else None
+    except ValueError:  # a malformed port: opening the store says so
+        return None
+    return unquote(password) if password else None
 
 
 @dataclass

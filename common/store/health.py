@@ -13,7 +13,8 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
-from common.store.db import DB_FILENAME, Migration, newer_than_known
+from common.store.db import DB_FILENAME
+from common.store.dialect import Migration, newer_than_known
 from common.store.errors import damaged, store_problem
 from common.store.readonly import read_only_problem, read_uri
 

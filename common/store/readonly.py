@@ -23,7 +23,8 @@ import sqlite3
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
-from common.store.db import Migration, Store, newer_than_known
+from common.store.base import Store
+from common.store.dialect import Migration, newer_than_known
 from common.store.errors import StoreError
 
 
