@@ -41,7 +41,7 @@ class Check:
 # checking the default that stands in for it (which would be a silent wrong answer).
 _TOKEN = ("DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN")
 _READS = {
-    "store": ("SWITCHBOARD_HOME",),
+    "store": ("SWITCHBOARD_HOME", "SWITCHBOARD_DATABASE_URL"),
     "latency log": ("SWITCHBOARD_LATENCY_LOG",),
     "discord": (*_TOKEN, "SWITCHBOARD_RUNS_CHANNEL_ID", "SWITCHBOARD_HOME"),
     "listener": ("TRANSCRIPT_LISTENER_API_KEY", "SMARTNUMBERS_STREAM_URL", "SMARTNUMBERS_ALLOWED_STREAM_HOSTS",
@@ -235,16 +235,14 @@ def _last_post(settings) -> Check:
 
 
 def _home(settings) -> Check:
-    from bot.services import STORE_MIGRATIONS
-    from common.store import check_store
+    """The store row: its engine and server, the migrations applied, read without changing anything.
+    SQLite: home_problem (not a directory, /proc, no permission), then the file itself (a directory or
+    device in its place, not SQLite, damaged, read-only for this user, from a newer Switchboard)."""
+    from bot.services import STORE_MIGRATIONS, database_url
+    from common.store.report import store_report
 
-    # check_store: home_problem (not a directory, /proc, no permission), then the file itself read-only
-    # (a directory or device in its place, not SQLite, damaged, from a newer Switchboard)
-    if problem := check_store(settings.home, STORE_MIGRATIONS):
-        return Check("store", "bad", problem)
-    home = settings.home.expanduser()
-    where = "exists" if (home / DB_FILENAME).exists() else "is created on first use"
-    return Check("store", "ok", f"{home / DB_FILENAME} {where}")
+    report = store_report(settings.home, STORE_MIGRATIONS, database_url=database_url(settings))
+    return Check("store", "ok" if report.ok else "bad", report.detail)
 
 
 def _latency_log(settings) -> Check:

@@ -40,6 +40,7 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from bot.cli import callbacks as callbacks_cli
     from bot.cli import runs as runs_cli
+    from bot.cli import store as store_cli
     from bot.cli import transcripts as transcripts_cli
 
     parser = OneLineParser(
@@ -89,6 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs_cli.add_parser(sub)
     transcripts_cli.add_parser(sub)
     callbacks_cli.add_parser(sub)
+    store_cli.add_parser(sub)
     return parser
 
 
@@ -192,6 +194,10 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         from bot.cli import callbacks as callbacks_cli
 
         return callbacks_cli.run(args, report.settings)
+    if args.command == "store":
+        from bot.cli import store as store_cli
+
+        return store_cli.run(args, report.settings)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
 
 

@@ -1,0 +1,88 @@
+"""`store_report`: doctor's store row. Which engine, which server, which migrations, OK or BAD.
+
+Read-only on both engines: SQLite's file is read without creating anything beside it
+(`common.store.readonly`); PostgreSQL is asked over one short connection. Nothing is created or
+migrated. The database is named by `where_of` (host:port/dbname), never with its user or password.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.redact import redact, scrub_secrets
+from common.store.db import DB_FILENAME
+from common.store.dialect import Migration, newer_than_known
+from common.store.health import check_store
+from common.store.readonly import known_versions, reading
+
+CONNECT_TIMEOUT_S = 10
+
+
+@dataclass(frozen=True)
+class StoreReport:
+    ok: bool
+    detail: str
+
+
+def applied(found: Mapping[str, int], migrations: Iterable[Migration]) -> str:
+    """`migrations applied: listener 9, runs 3, voice 2`, and what the next start adds, if anything."""
+    known = known_versions(migrations)
+    if not found:
+        return "no migrations applied yet (the first run, listen or talk makes the tables)"
+    line = "migrations applied: " + ", ".join(f"{p} {v}" for p, v in sorted(found.items()))
+    behind = [f"{p} to {v}" for p, v in sorted(known.items()) if found.get(p, 0) < v]
+    return line + (f"; the next run, listen or talk upgrades {', '.join(behind)}" if behind else "")
+
+
+def store_report(home: Path, migrations: Iterable[Migration], *, database_url: str | None = None) -> StoreReport:
+    """The store row: SQLite in `home`, or the PostgreSQL database `database_url` names."""
+    migrations = list(migrations)
+    if database_url:
+        return _postgresql(database_url, migrations)
+    if problem := check_store(home, migrations):
+        return StoreReport(False, problem)
+    path = Path(home).expanduser() / DB_FILENAME
+    engine = f"SQLite {sqlite3.sqlite_version}"
+    if not path.exists():
+        return StoreReport(True, f"{engine}, {path} is created on first use")
+    with reading(path) as db:
+        found = dict(db.execute("SELECT package, MAX(version) FROM schema_migrations GROUP BY package").fetchall()
+                     ) if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'schema_migrations'").fetchone() else {}
+    return StoreReport(True, f"{engine}, {path}; {applied(found, migrations)}")
+
+
+def failure_line(exc: BaseException, url: str) -> str:
+    """The first line of a driver's error, without the URL's password in any form (or any other credential)."""
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        password = urlsplit(url).password
+    except ValueError:  # a malformed port: the password may still be in the text
+        password = url.split("://", 1)[-1].rsplit("@", 1)[0].partition(":")[2] if "@" in url else None
+    text = str(exc).strip().splitlines()
+    line = " ".join(text[0].split())[:200] if text else type(exc).__name__
+    return redact(scrub_secrets(line, [password or "", unquote(password or "")]))
+
+
+def _postgresql(url: str, migrations: list[Migration]) -> StoreReport:
+    import psycopg
+
+    from common.store.postgres import where_of
+
+    where = where_of(url)
+    try:
+        with psycopg.connect(url, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True) as conn:
+            server = conn.execute("SHOW server_version").fetchone()[0].split()[0]
+            found = dict(conn.execute("SELECT package, MAX(version) FROM schema_migrations GROUP BY package"
+                                      ).fetchall()) if conn.execute("SELECT to_regclass('schema_migrations')"
+                                                                    ).fetchone()[0] else {}
+    except psycopg.Error as exc:
+        return StoreReport(False, f"cannot use {where} (SWITCHBOARD_DATABASE_URL): {failure_line(exc, url)}")
+    known = known_versions(migrations)
+    for package, version in sorted(found.items()):
+        if package in known and version > known[package]:
+            return StoreReport(False, str(newer_than_known(where, package, version, known[package])))
+    return StoreReport(True, f"PostgreSQL {server}, {where.removeprefix('PostgreSQL ')}; {applied(found, migrations)}")
