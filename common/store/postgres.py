@@ -41,8 +41,10 @@ from common.store.errors import StoreError
 
 T = TypeVar("T")
 log = logging.getLogger("switchboard.store")
-WRITE_LOCK = 0x5357_4200_0001  # pg_advisory_xact_lock: one write transaction at a time
-MIGRATE_LOCK = 0x5357_4200_0002  # pg_advisory_lock: one process applies migrations at a time
+# Advisory lock keys (class, the store's schema): a store is the tables of one schema, and two stores in
+# one database (two schemas) never wait for each other.
+WRITE_LOCK = "SELECT pg_advisory_xact_lock(53574201, hashtext(current_schema()))"  # one write transaction at a time
+MIGRATE_LOCK = 53574202  # with the schema's hash: one process applies migrations at a time
 SCHEMES = ("postgresql://", "postgres://")
 POOL_SIZE = 8
 CONNECT_TIMEOUT_S = 10
@@ -250,7 +252,7 @@ class PostgresStore(Store):
         conn = await self._pool.getconn()
         try:
             await conn.execute("BEGIN")
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            await conn.execute(WRITE_LOCK)
         except BaseException:
             await self._pool.putconn(conn)
             raise
@@ -268,7 +270,7 @@ class PostgresStore(Store):
 async def _prepare(conn: psycopg.AsyncConnection, store: PostgresStore, migrations: Iterable[Migration],
                    create: bool) -> None:
     """The search configuration, the migrations table and every migration, under `MIGRATE_LOCK`."""
-    await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
+    await conn.execute("SELECT pg_advisory_lock(%s, hashtext(current_schema()))", (MIGRATE_LOCK,))
     try:
         if not create:
             cursor = await conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL")
@@ -283,7 +285,7 @@ async def _prepare(conn: psycopg.AsyncConnection, store: PostgresStore, migratio
             async with conn.transaction():
                 await store._migrate_package(PostgresTx(conn), package, items)
     finally:
-        await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
+        await conn.execute("SELECT pg_advisory_unlock(%s, hashtext(current_schema()))", (MIGRATE_LOCK,))
 
 
 async def open_postgres(url: str, migrations: Iterable[Migration] = (), *, clock: Callable[[], float] = time.time,

@@ -26,6 +26,27 @@ async def polled(read: Callable[[], T], predicate: Callable[[T], Any], what: str
     return found
 
 
+async def read_elsewhere(home, database_url: str | None, sql: str, params=()) -> list:
+    """`sql`'s rows as another process sees the store (its own connections, opened now)."""
+    from common.store import open_store
+
+    other = await open_store(home, database_url=database_url, create=False)
+    try:
+        return list(await other.fetchall(sql, params))
+    finally:
+        await other.close()
+
+
+async def index_names(store, table: str) -> set[str]:
+    """The names of `table`'s indexes, on either engine."""
+    if store.engine == "sqlite":
+        rows = await store.fetchall("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?", (table,))
+    else:
+        rows = await store.fetchall("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+                                    "AND tablename = ?", (table,))
+    return {row[0] for row in rows}
+
+
 async def recorded_home(home) -> None:
     """A store in `home` as the first `switchboard run`, `listen` or `talk` leaves it: every table, no rows."""
     from bot.services import STORE_MIGRATIONS
