@@ -166,3 +166,36 @@ async def test_transcript_search_is_a_read_only_voice_tool_anyone_may_use(archiv
 async def test_an_id_that_is_not_one_is_a_clear_miss_not_a_crash(archive, ref):
     with pytest.raises(ArchiveError, match="no archived call"):
         await archive.show(ref)
+
+
+MATCHING = call("call_m", ("TO", "José called about order 48213 and the e-mail from example.com at 3.5 pm; call 555-1234"),
+                ("FROM", "To be or not to be, that is the question. Crème brûlée at the café."),
+                ("TO", "Order 482130 please"))
+
+
+@pytest.mark.parametrize(("query", "turns"), [
+    ("Jose", [0]), ("JOSÉ", [0]), ("creme brulee cafe", [1]),  # accents and case are folded
+    ("48213", [0]), ("482130", [2]), ("4821", []),  # a number matches whole, never a prefix or a longer one
+    ("to be or not to be", [1]), ("that is the", [1]),  # stop-words are words like any other
+    ("example", [0]), ("com", [0]), ("3", [0]), ("1234", [0]), ("e-mail", [0]),  # punctuation splits words
+    ("question brûlée", [1]), ("order please", [2]), ("José question", [])])  # every word, in one turn
+async def test_search_matches_alike_on_both_engines(tmp_path, database_url, query, turns):
+    store = await open_store(tmp_path, LISTENER_MIGRATIONS, database_url=database_url)
+    try:
+        calls = Archive(store)
+        await calls.archive(MATCHING, "{}", received_at=1.0, user_label="FROM")
+        assert sorted(r["turn_index"] for r in (await calls.search(query))["results"]) == turns
+    finally:
+        await store.close()
+
+
+async def test_search_ranks_the_turn_that_says_it_most_first(tmp_path, database_url):
+    store = await open_store(tmp_path, LISTENER_MIGRATIONS, database_url=database_url)
+    try:
+        calls = Archive(store)
+        await calls.archive(call("call_r", ("TO", "The plumber came by on a long and tiring afternoon at the office"),
+                                 ("FROM", "plumber, plumber, plumber!"), ("TO", "No, the electrician")), "{}",
+                            received_at=1.0, user_label="FROM")
+        assert [r["turn_index"] for r in (await calls.search("plumber"))["results"]] == [1, 0]
+    finally:
+        await store.close()
