@@ -41,6 +41,8 @@ from common.store.errors import StoreError
 
 T = TypeVar("T")
 log = logging.getLogger("switchboard.store")
+# The pool logs each connection it drops or fails to remake; the store says once what happened instead.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
 # Advisory lock keys (class, the store's schema): a store is the tables of one schema, and two stores in
 # one database (two schemas) never wait for each other.
 WRITE_LOCK = "SELECT pg_advisory_xact_lock(53574201, hashtext(current_schema()))"  # one write transaction at a time
@@ -166,6 +168,15 @@ class PostgresStore(Store):
             self._lost_since = time.monotonic()
             log.warning("store: lost the connection to %s (%s); reconnecting and trying again", self.where,
                         _reason(exc))
+
+    async def _check(self, conn: psycopg.AsyncConnection) -> None:
+        """The pool's check of a connection before handing it out: a dead one is replaced (the pool
+        waits for a new one); the loss is said once here, the return by the next query to succeed."""
+        try:
+            await psycopg_pool.AsyncConnectionPool.check_connection(conn)
+        except Exception as exc:
+            self._lost(exc)
+            raise
 
     def _back(self) -> None:
         if self._lost_since is not None:
@@ -296,9 +307,13 @@ async def open_postgres(url: str, migrations: Iterable[Migration] = (), *, clock
     where = where_of(url)
     busy = busy or Busy()
     settings: dict[str, Any] = {"autocommit": True, "prepare_threshold": None, "row_factory": _rows}
+    store: PostgresStore
+
+    async def check(conn: psycopg.AsyncConnection) -> None:
+        await store._check(conn)
+
     pool = psycopg_pool.AsyncConnectionPool(url, min_size=1, max_size=POOL_SIZE, kwargs=settings, open=False,
-                                            check=psycopg_pool.AsyncConnectionPool.check_connection,
-                                            name="switchboard-store")
+                                            check=check, name="switchboard-store")
     store = PostgresStore(pool, where, clock, busy)
     try:
         # One direct connection first: a wrong password or database fails here with the server's reason.
