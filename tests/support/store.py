@@ -5,6 +5,7 @@ user's back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,6 +25,21 @@ async def polled(read: Callable[[], T], predicate: Callable[[T], Any], what: str
             raise AssertionError(f"timed out waiting for {what}: {found}")
         await asyncio.sleep(POLL_S)
     return found
+
+
+def rows_now(home, database_url: str | None, sql: str, params: tuple = ()) -> list[tuple]:
+    """`sql`'s rows, read now through a connection of its own (synchronous: for `polled`)."""
+    if database_url is None:
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(home / DB_FILENAME, timeout=30)) as db:
+            return db.execute(sql, params).fetchall()
+    import psycopg
+
+    from common.store.dialect import postgresql_sql
+
+    with psycopg.connect(database_url) as db:
+        return db.execute(postgresql_sql(sql), params).fetchall()
 
 
 async def read_elsewhere(home, database_url: str | None, sql: str, params=()) -> list:
