@@ -22,14 +22,17 @@ bench: setup
 	done
 
 # libopus0: the Opus codec discord.py loads; libportaudio2: microphone/speaker for `talk`;
-# espeak-ng: real speech for the tests. apt is skipped entirely when all are present, and waits
+# espeak-ng: real speech for the tests; postgresql: the throwaway server the tests run the store's
+# PostgreSQL half on (tests/support/postgres.py; without it that half is skipped, and said so). apt is skipped entirely when all are present, and waits
 # (up to 2 minutes) for another process's apt/dpkg lock instead of failing at once.
 APT := apt-get -o DPkg::Lock::Timeout=120 -qq
+POSTGRES_SERVERS ?= /usr/lib/postgresql/*/bin/postgres
 system-deps:
 	@missing=""; \
 	ldconfig -p 2>/dev/null | grep -q 'libopus.so.0' || missing="$$missing libopus0"; \
 	ldconfig -p 2>/dev/null | grep -q 'libportaudio.so.2' || missing="$$missing libportaudio2"; \
 	command -v espeak-ng >/dev/null 2>&1 || missing="$$missing espeak-ng"; \
+	set -- $(POSTGRES_SERVERS); [ -e "$$1" ] || missing="$$missing postgresql"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
 		echo "missing system packages:$$missing (install them; set-up only installs them as root with apt-get)"; \

@@ -41,8 +41,12 @@ from common.store.errors import StoreError
 
 T = TypeVar("T")
 log = logging.getLogger("switchboard.store")
-WRITE_LOCK = 0x5357_4200_0001  # pg_advisory_xact_lock: one write transaction at a time
-MIGRATE_LOCK = 0x5357_4200_0002  # pg_advisory_lock: one process applies migrations at a time
+# The pool logs each connection it drops or fails to remake; the store says once what happened instead.
+logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+# Advisory lock keys (class, the store's schema): a store is the tables of one schema, and two stores in
+# one database (two schemas) never wait for each other.
+WRITE_LOCK = "SELECT pg_advisory_xact_lock(53574201, hashtext(current_schema()))"  # one write transaction at a time
+MIGRATE_LOCK = 53574202  # with the schema's hash: one process applies migrations at a time
 SCHEMES = ("postgresql://", "postgres://")
 POOL_SIZE = 8
 CONNECT_TIMEOUT_S = 10
@@ -165,6 +169,15 @@ class PostgresStore(Store):
             log.warning("store: lost the connection to %s (%s); reconnecting and trying again", self.where,
                         _reason(exc))
 
+    async def _check(self, conn: psycopg.AsyncConnection) -> None:
+        """The pool's check of a connection before handing it out: a dead one is replaced (the pool
+        waits for a new one); the loss is said once here, the return by the next query to succeed."""
+        try:
+            await psycopg_pool.AsyncConnectionPool.check_connection(conn)
+        except Exception as exc:
+            self._lost(exc)
+            raise
+
     def _back(self) -> None:
         if self._lost_since is not None:
             log.warning("store: reconnected to %s after %.1f s", self.where, time.monotonic() - self._lost_since)
@@ -250,7 +263,7 @@ class PostgresStore(Store):
         conn = await self._pool.getconn()
         try:
             await conn.execute("BEGIN")
-            await conn.execute("SELECT pg_advisory_xact_lock(%s)", (WRITE_LOCK,))
+            await conn.execute(WRITE_LOCK)
         except BaseException:
             await self._pool.putconn(conn)
             raise
@@ -268,7 +281,7 @@ class PostgresStore(Store):
 async def _prepare(conn: psycopg.AsyncConnection, store: PostgresStore, migrations: Iterable[Migration],
                    create: bool) -> None:
     """The search configuration, the migrations table and every migration, under `MIGRATE_LOCK`."""
-    await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATE_LOCK,))
+    await conn.execute("SELECT pg_advisory_lock(%s, hashtext(current_schema()))", (MIGRATE_LOCK,))
     try:
         if not create:
             cursor = await conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL")
@@ -283,7 +296,7 @@ async def _prepare(conn: psycopg.AsyncConnection, store: PostgresStore, migratio
             async with conn.transaction():
                 await store._migrate_package(PostgresTx(conn), package, items)
     finally:
-        await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATE_LOCK,))
+        await conn.execute("SELECT pg_advisory_unlock(%s, hashtext(current_schema()))", (MIGRATE_LOCK,))
 
 
 async def open_postgres(url: str, migrations: Iterable[Migration] = (), *, clock: Callable[[], float] = time.time,
@@ -294,9 +307,13 @@ async def open_postgres(url: str, migrations: Iterable[Migration] = (), *, clock
     where = where_of(url)
     busy = busy or Busy()
     settings: dict[str, Any] = {"autocommit": True, "prepare_threshold": None, "row_factory": _rows}
+    store: PostgresStore
+
+    async def check(conn: psycopg.AsyncConnection) -> None:
+        await store._check(conn)
+
     pool = psycopg_pool.AsyncConnectionPool(url, min_size=1, max_size=POOL_SIZE, kwargs=settings, open=False,
-                                            check=psycopg_pool.AsyncConnectionPool.check_connection,
-                                            name="switchboard-store")
+                                            check=check, name="switchboard-store")
     store = PostgresStore(pool, where, clock, busy)
     try:
         # One direct connection first: a wrong password or database fails here with the server's reason.

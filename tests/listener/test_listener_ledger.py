@@ -23,10 +23,10 @@ KEY = '["command","call_1","turn",0]'
 NOW = 1_750_000_000.0
 
 
-async def seeded(home: Path, *, slot: str | None = None, run_state: str | None = None):
+async def seeded(home: Path, *, slot: str | None = None, run_state: str | None = None, database_url: str | None = None):
     """A store with call_1 archived; `slot`: its command slot's state left by an earlier attempt;
     `run_state`: run 1 in that state."""
-    store = await open_store(home, STORE_MIGRATIONS)
+    store = await open_store(home, STORE_MIGRATIONS, database_url=database_url)
     await store.execute("INSERT INTO transcripts (id, conversation_id, raw, received_at) VALUES (1, 'call_1', '', ?)",
                         (NOW,))
     if slot is not None:
@@ -43,8 +43,8 @@ def claim(ledger: ExecutionLedger):
 
 
 @pytest.mark.parametrize("slot", [None, "error"])
-async def test_two_tasks_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot):
-    store = await seeded(tmp_path, slot=slot)
+async def test_two_tasks_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot, database_url):
+    store = await seeded(tmp_path, slot=slot, database_url=database_url)
     try:
         ledger = ExecutionLedger(store, owner=process_owner(), clock=lambda: NOW)
         first, second = await asyncio.gather(claim(ledger), claim(ledger))
@@ -59,10 +59,10 @@ async def test_two_tasks_claiming_one_slot_at_once_give_exactly_one_winner(tmp_p
 
 
 @pytest.mark.parametrize("slot", [None, "error"])
-async def test_two_connections_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot):
+async def test_two_connections_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot, database_url):
     """Two stores (two connections each, as two processes have) and two owners that are both alive."""
-    store = await seeded(tmp_path, slot=slot)
-    other = await open_store(tmp_path, STORE_MIGRATIONS)
+    store = await seeded(tmp_path, slot=slot, database_url=database_url)
+    other = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)
     try:
         one = ExecutionLedger(store, owner="host-a:1:?:a", alive=lambda owner: True, clock=lambda: NOW)
         two = ExecutionLedger(other, owner="host-b:2:?:b", alive=lambda owner: True, clock=lambda: NOW)
@@ -75,8 +75,8 @@ async def test_two_connections_claiming_one_slot_at_once_give_exactly_one_winner
         await store.close()
 
 
-async def test_a_claim_left_by_an_owner_that_is_gone_is_taken_again_and_a_live_ones_is_not(tmp_path):
-    store = await seeded(tmp_path)
+async def test_a_claim_left_by_an_owner_that_is_gone_is_taken_again_and_a_live_ones_is_not(tmp_path, database_url):
+    store = await seeded(tmp_path, database_url=database_url)
     try:
         gone = {"host-a:1:?:a"}
         crashed = ExecutionLedger(store, owner="host-a:1:?:a", clock=lambda: NOW)
@@ -104,9 +104,10 @@ def test_a_process_owner_is_alive_exactly_while_its_process_runs():
     assert not process_alive("another-host:1:?:x") and not process_alive("garbage")
 
 
-async def claims_in_processes(home: Path, what: str, count: int) -> list[dict]:
+async def claims_in_processes(home: Path, what: str, count: int, database_url: str | None) -> list[dict]:
     """`count` processes make the same claim at the same moment; their answers, once all answered."""
     procs = [await asyncio.create_subprocess_exec(sys.executable, HELPER, str(home), what,
+                                                  *([database_url] if database_url else []),
                                                   stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
              for _ in range(count)]
     try:
@@ -129,23 +130,23 @@ async def claims_in_processes(home: Path, what: str, count: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("slot", [None, "error"])
-async def test_processes_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot):
-    store = await seeded(tmp_path, slot=slot)
+async def test_processes_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot, database_url):
+    store = await seeded(tmp_path, slot=slot, database_url=database_url)
     await store.close()
-    answers = await claims_in_processes(tmp_path, "job", 2)
+    answers = await claims_in_processes(tmp_path, "job", 2, database_url)
     assert [a["won"] for a in answers].count(True) == 1, answers
     assert all(a["holder"] for a in answers if not a["won"])  # the loser saw the winner, alive
 
 
-async def test_processes_claiming_one_run_delivery_at_once_give_exactly_one_winner(tmp_path):
-    store = await seeded(tmp_path, run_state="completed")
+async def test_processes_claiming_one_run_delivery_at_once_give_exactly_one_winner(tmp_path, database_url):
+    store = await seeded(tmp_path, run_state="completed", database_url=database_url)
     await store.close()
-    answers = await claims_in_processes(tmp_path, "delivery", 2)
+    answers = await claims_in_processes(tmp_path, "delivery", 2, database_url)
     assert [a["won"] for a in answers].count(True) == 1, answers
 
 
-async def test_tasks_and_processes_recording_a_run_under_one_intent_record_one_run(tmp_path):
-    store = await seeded(tmp_path)
+async def test_tasks_and_processes_recording_a_run_under_one_intent_record_one_run(tmp_path, database_url):
+    store = await seeded(tmp_path, database_url=database_url)
     try:
         repo = RunRepository(store)
         made = await asyncio.gather(*(repo.create_once(lane="command", task="t", requester_id=None, owner="o",
@@ -153,9 +154,9 @@ async def test_tasks_and_processes_recording_a_run_under_one_intent_record_one_r
         assert [created for _, created in made].count(True) == 1 and len({t.id for t, _ in made}) == 1
     finally:
         await store.close()
-    answers = await claims_in_processes(tmp_path, "create", 2)
+    answers = await claims_in_processes(tmp_path, "create", 2, database_url)
     assert [a["won"] for a in answers].count(True) == 1 and len({a["run"] for a in answers}) == 1, answers
-    store = await open_store(tmp_path, STORE_MIGRATIONS)
+    store = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)
     try:
         assert (await store.fetchone("SELECT COUNT(*) FROM runs"))[0] == 2
     finally:
