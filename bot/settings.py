@@ -167,6 +167,9 @@ class Settings(BaseSettings):
             scheme = text.split("://", 1)[0][:20] if "://" in text else "none"
             raise ValueError(f"must be a postgresql:// or postgres:// URL (its scheme is {scheme}); unset it to keep "
                              "the store in SWITCHBOARD_HOME")
+        if problem := rules.malformed_url(text):  # said here, not by the driver, whose message quotes the URL
+            raise ValueError(f"is not a well-formed URL ({problem}): use postgresql://USER:PASSWORD@HOST:PORT/DBNAME, "
+                             "with any @ : / in the password percent-encoded")
         return SecretStr(text)
 
     @field_validator("latency_log", mode="before")

@@ -135,12 +135,7 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every request's full URL at INFO (a presigned transcript URL's signature) and httpcore
-    # every header at DEBUG (the Hermes key): neither may reach a log, even with -v.
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging(args.verbose)
     try:
         variables = read_variables(args.env_file, environ)
     except EnvFileError as exc:
@@ -199,6 +194,21 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
 
         return store_cli.run(args, report.settings)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
+
+
+def configure_logging(verbose: bool) -> None:
+    """Log lines to stderr, each passed through the credential redactor: whatever a library logs (a
+    database URL with its password, a header) reaches no handler with a credential in it."""
+    from common.redact import CredentialRedactor
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request's full URL at INFO (a presigned transcript URL's signature) and httpcore
+    # every header at DEBUG (the Hermes key): neither may reach a log, even with -v.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(CredentialRedactor())
 
 
 def _settings_usable(report: SettingsReport, command: str) -> bool:

@@ -20,6 +20,7 @@ import sys
 from typing import Any, TextIO
 
 from bot.cli.args import EXIT_USAGE
+from bot.setting_rules import malformed_url
 from bot.settings import Settings
 from common.paths import home_problem
 from common.store import DATABASE_URL_SCHEMES, DB_FILENAME, StoreError
@@ -75,13 +76,15 @@ async def copy_home(settings: Settings, url: str, err: TextIO) -> dict[str, int]
     from bot.services import STORE_MIGRATIONS
     from common.store import open_store
     from common.store.copy import CopyError, copy_rows, target_data, versions_differ
+    from common.store.errors import failure_line
     from common.store.postgres import where_of
     from common.store.readonly import reading
-    from common.store.report import failure_line
 
     if not url.startswith(DATABASE_URL_SCHEMES):
         scheme = url.split("://", 1)[0][:20] if "://" in url else "none"
         raise StoreError(f"--to must be a postgresql:// or postgres:// URL (its scheme is {scheme})")
+    if problem := malformed_url(url):
+        raise StoreError(f"--to is not a well-formed URL ({problem}): use postgresql://USER:PASSWORD@HOST:PORT/DBNAME")
     if problem := home_problem(settings.home):
         raise StoreError(problem)
     home = settings.home.expanduser()

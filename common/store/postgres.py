@@ -37,7 +37,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from common.store.base import Busy, Retry, Store
 from common.store.dialect import POSTGRESQL, POSTGRESQL_BOOTSTRAP, Migration, postgresql_sql
-from common.store.errors import StoreError
+from common.store.errors import StoreError, failure_line
 
 T = TypeVar("T")
 log = logging.getLogger("switchboard.store")
@@ -100,7 +100,7 @@ def where_of(url: str) -> str:
     try:
         info = conninfo_to_dict(url)
     except psycopg.Error:
-        return "PostgreSQL (SWITCHBOARD_DATABASE_URL)"
+        return "PostgreSQL (a URL its driver cannot read)"
     host = info.get("host") or "localhost"
     port = info.get("port") or "5432"
     return f"PostgreSQL {host}:{port}/{info.get('dbname') or info.get('user') or ''}".rstrip("/")
@@ -325,7 +325,7 @@ async def open_postgres(url: str, migrations: Iterable[Migration] = (), *, clock
         await pool.open(wait=True, timeout=CONNECT_TIMEOUT_S)
     except (psycopg.Error, psycopg_pool.PoolTimeout) as exc:
         await store.close()
-        raise StoreError(f"cannot use {where} (SWITCHBOARD_DATABASE_URL): {_reason(exc)}") from None
+        raise StoreError(f"cannot use {where} (SWITCHBOARD_DATABASE_URL): {failure_line(exc, url)}") from None
     except BaseException:
         await store.close()
         raise

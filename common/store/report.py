@@ -12,9 +12,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from common.redact import redact, scrub_secrets
 from common.store.db import DB_FILENAME
 from common.store.dialect import Migration, newer_than_known
+from common.store.errors import failure_line
 from common.store.health import check_store
 from common.store.readonly import known_versions, reading
 
@@ -52,19 +52,6 @@ def store_report(home: Path, migrations: Iterable[Migration], *, database_url: s
         found = dict(db.execute("SELECT package, MAX(version) FROM schema_migrations GROUP BY package").fetchall()
                      ) if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'schema_migrations'").fetchone() else {}
     return StoreReport(True, f"{engine}, {path}; {applied(found, migrations)}")
-
-
-def failure_line(exc: BaseException, url: str) -> str:
-    """The first line of a driver's error, without the URL's password in any form (or any other credential)."""
-    from urllib.parse import unquote, urlsplit
-
-    try:
-        password = urlsplit(url).password
-    except ValueError:  # a malformed port: the password may still be in the text
-        password = url.split("://", 1)[-1].rsplit("@", 1)[0].partition(":")[2] if "@" in url else None
-    text = str(exc).strip().splitlines()
-    line = " ".join(text[0].split())[:200] if text else type(exc).__name__
-    return redact(scrub_secrets(line, [password or "", unquote(password or "")]))
 
 
 def _postgresql(url: str, migrations: list[Migration]) -> StoreReport:
