@@ -14,7 +14,7 @@ test: setup
 	$(VENV)/bin/python -m pytest
 
 # Every bench runs in turn; the first one that exits non-zero stops `make bench` with its name.
-BENCHES := receive call_latency file_input_memory discord_call calls_per_core vad_batch archive resume
+BENCHES := receive call_latency file_input_memory discord_call calls_per_core vad_batch archive listener_calls resume
 bench: setup
 	@set -e; for b in $(BENCHES); do \
 		echo "== bench/$$b.py"; \
