@@ -147,7 +147,7 @@ async def main() -> None:
                 print(f"sqlite: {sqlite3.sqlite_version}")
                 results[engine] = await run_engine(engine, None, checkpoints, queries, words, weights)
     print(f"machine: {load()} at the end")
-    print(f"\nsummary at {checkpoints[-1]:,} turns (goal: met or not):")
+    print(f"\nsummary at {checkpoints[-1] // TURNS_PER_CALL * TURNS_PER_CALL:,} turns (goal: met or not):")
     failed = False
     for engine, f in results.items():
         ingest_goal, p50_goal, words_goal = GOALS[engine]

@@ -6,6 +6,7 @@ feature that is unavailable, an ignored variable) do not.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -18,7 +19,6 @@ from typing import Literal
 
 from bot.settings import KEY_VARIABLES, SettingsError, SettingsReport, key_variable, realtime_api_key
 from common.paths import output_problem
-from common.store import DB_FILENAME
 from voice.call.providers import PROVIDERS
 
 Status = Literal["ok", "warn", "bad"]
@@ -131,15 +131,11 @@ def _calls_to_resume(settings) -> Check | None:
     """Voice calls the next `switchboard run` rejoins (read-only); None when there are none."""
     import sqlite3
 
-    from common.store.readonly import reading
     from voice.call.records import unfinished_calls
 
-    path = settings.home.expanduser() / DB_FILENAME
-    if not path.exists():
-        return None
     try:
-        with reading(path) as db:
-            counts = unfinished_calls(db)
+        with _store(settings) as db:
+            counts = unfinished_calls(db) if db is not None else {}
     except sqlite3.Error:
         return None
     if not counts:
@@ -170,7 +166,6 @@ def _post_call(settings) -> list[Check]:
     import sqlite3
 
     from bot.settings import text_model_key
-    from common.store.readonly import reading
     from listener.repository import callback_switches, last_failed_post, results_waiting
 
     key, source = text_model_key(settings)
@@ -182,20 +177,16 @@ def _post_call(settings) -> list[Check]:
                                                          "and results are kept in the archive, not posted"))
     else:
         rows.append(Check("transcripts channel", "ok", f"call cards and results go to {settings.transcripts_channel_id}"))
-    path = settings.home.expanduser() / DB_FILENAME
     callbacks, review, failed, waiting = [], False, None, 0
-    if path.exists():
-        try:
-            with reading(path) as db:
-                for cid, enabled in callback_switches(db):
-                    if cid == "default-review":
-                        review = enabled
-                    elif enabled:
-                        callbacks.append(cid)
-                failed = last_failed_post(db)
-                waiting = results_waiting(db)
-        except sqlite3.Error:
-            pass  # no listener tables yet
+    with contextlib.suppress(sqlite3.Error), _store(settings) as db:  # an error: no listener tables yet
+        if db is not None:
+            for cid, enabled in callback_switches(db):
+                if cid == "default-review":
+                    review = enabled
+                elif enabled:
+                    callbacks.append(cid)
+            failed = last_failed_post(db)
+            waiting = results_waiting(db)
     review_words = ("off (SWITCHBOARD_AUTO_REVIEW=false)" if not settings.auto_review else "on" if review else
                     "off (no review instructions: say \"set my call review to …\" in `switchboard talk` or as "
                     "an operator in a Discord call)")
@@ -214,16 +205,12 @@ def _last_post(settings) -> Check:
     """The last run post's outcome, read from the store without changing it."""
     import sqlite3
 
-    from common.store.readonly import reading
     from runs.repository import last_post_event
 
-    path = settings.home.expanduser() / DB_FILENAME
     channel = settings.runs_channel_id
-    if not path.exists():
-        return Check("runs channel", "ok", f"{channel}; nothing posted yet")
     try:
-        with reading(path) as db:
-            row = last_post_event(db)
+        with _store(settings) as db:
+            row = last_post_event(db) if db is not None else None
     except sqlite3.Error:
         row = None
     if row is None:
@@ -232,6 +219,14 @@ def _last_post(settings) -> Check:
     if kind == "post_failed":
         return Check("runs channel", "warn", f"the last post (run {run_id}) failed: {detail}")
     return Check("runs channel", "ok", f"{channel}; run {run_id} was the last posted")
+
+
+def _store(settings):
+    """The store, read-only, on whichever engine is configured (`common.store.report.reading_store`)."""
+    from bot.services import database_url
+    from common.store.report import reading_store
+
+    return reading_store(settings.home, database_url=database_url(settings))
 
 
 def _home(settings) -> Check:

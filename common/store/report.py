@@ -7,8 +7,9 @@ migrated. The database is named by `where_of` (host:port/dbname), never with its
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,3 +74,48 @@ def _postgresql(url: str, migrations: list[Migration]) -> StoreReport:
         if package in known and version > known[package]:
             return StoreReport(False, str(newer_than_known(where, package, version, known[package])))
     return StoreReport(True, f"PostgreSQL {server}, {where.removeprefix('PostgreSQL ')}; {applied(found, migrations)}")
+
+
+class _PostgresReads:
+    """A read-only PostgreSQL connection that takes the SQL both engines speak (`?` placeholders), for
+    the plain synchronous reads the domains offer doctor. Its errors come out as
+    `sqlite3.OperationalError`, so those reads treat "no such table yet" alike on both engines."""
+
+    def __init__(self, conn) -> None:
+        self._conn = conn
+
+    def execute(self, sql: str, params=()):
+        import psycopg
+
+        from common.store.dialect import postgresql_sql
+
+        try:
+            return self._conn.execute(postgresql_sql(sql), params or None)
+        except psycopg.Error as exc:
+            raise sqlite3.OperationalError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__) from None
+
+
+@contextlib.contextmanager
+def reading_store(home: Path, *, database_url: str | None = None) -> Iterator[object | None]:
+    """A synchronous, read-only connection to the store, for doctor's rows that read it (`execute(sql,
+    params)` with `?` placeholders, rows indexable by position): the SQLite file, opened without
+    writing anything beside it, or the PostgreSQL database in a read-only session. None when there is
+    nothing to read (no file yet, or a database that cannot be reached: the store row says why)."""
+    if not database_url:
+        path = Path(home).expanduser() / DB_FILENAME
+        if not path.exists():
+            yield None
+            return
+        with reading(path) as db:
+            yield db
+        return
+    import psycopg
+
+    try:
+        conn = psycopg.connect(database_url, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True,
+                               options="-c default_transaction_read_only=on")
+    except psycopg.Error:
+        yield None
+        return
+    with conn:
+        yield _PostgresReads(conn)

@@ -100,6 +100,14 @@ async def test_a_home_copied_whole_reads_back_through_the_repositories_on_postgr
                                               mode="always", captions=False, at=2e9) == filled.call_id + 1
     finally:
         await store.close()
+    # doctor reads that database, not the home's old file: the store row and what runs after each call
+    env = {"SWITCHBOARD_HOME": str(home), "SWITCHBOARD_DATABASE_URL": target, "SWITCHBOARD_AGENT_LANES": "command",
+           "TRANSCRIPT_LISTENER_API_KEY": "listener-key"}
+    (home / DB_FILENAME).rename(home / "moved-aside.db")
+    code, out, err = await asyncio.to_thread(switchboard, ["doctor"], env)
+    store_row = next(line for line in out.splitlines() if line.split()[1:2] == ["store"])
+    assert store_row.startswith("ok") and "PostgreSQL" in store_row, out
+    assert f"review on; 1 callback(s) enabled: {CALLBACK}" in out, out
 
 
 async def test_a_target_that_holds_data_is_refused_with_nothing_written(tmp_path, target):
