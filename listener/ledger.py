@@ -8,10 +8,11 @@ that is older than `STALE_CLAIM_S`, is taken again. A job slot with a run is nev
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import socket
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -80,6 +81,7 @@ class ExecutionLedger:
         self._alive = alive
         self._clock = clock
         self._holding: set[tuple[str, Any]] = set()  # claims this ledger's tasks are working on now
+        self._claiming: dict[tuple[str, Any], list] = {}  # what -> [lock, tasks asking]: one claim at a time
 
     def held_elsewhere(self, owner: str | None, since: float | None, what: tuple[str, Any], *, now: float,
                        sessions: frozenset[str] | None = None) -> bool:
@@ -97,16 +99,32 @@ class ExecutionLedger:
         now = self._clock() if self._clock is not None else await self.db.now()
         return now, await self.db.sessions()
 
+    async def _take(self, what: tuple[str, Any],
+                    ask: Callable[[float, Callable[[str | None, float | None], bool]], Awaitable[Found | None]]
+                    ) -> Claim:
+        """One claim on `what`, the tasks of this process one at a time: a winner is among `_holding`
+        before another task of this process reads the claim (the commit and that note are two steps)."""
+        entry = self._claiming.setdefault(what, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                now, sessions = await self._now()
+                claim = _claim(await ask(now, lambda owner, since: self.held_elsewhere(
+                    owner, since, what, now=now, sessions=sessions)))
+                if claim.won:
+                    self._holding.add(what)
+                return claim
+        finally:
+            entry[1] -= 1
+            if not entry[1]:
+                del self._claiming[what]
+
     async def claim_job(self, *, key: str, transcript_id: int, kind: str, label: str, deliver: str) -> Claim:
         """Claim a job slot: won (start it now, then `started` or `failed`), done (it has its run), or
         held by someone starting it right now."""
-        now, sessions = await self._now()
-        claim = _claim(await self._jobs.claim_job(
+        return await self._take(("job", key), lambda now, held: self._jobs.claim_job(
             key, transcript_id=transcript_id, kind=kind, label=label, deliver=deliver, owner=self.owner, now=now,
-            held=lambda owner, since: self.held_elsewhere(owner, since, ("job", key), now=now, sessions=sessions)))
-        if claim.won:  # after the commit, before any other task of this process can ask
-            self._holding.add(("job", key))
-        return claim
+            held=held))
 
     async def started(self, key: str, job_id: str) -> None:
         """The slot's job is running as `job_id`; from now on the slot is done, whoever asks."""
@@ -135,14 +153,8 @@ class ExecutionLedger:
     async def claim_step(self, transcript_id: int, step: str) -> Claim:
         """Claim a call's `step` ("memory", "card"): won (do it, then `release_step`), done (the
         archive records it as done), or held by someone doing it right now."""
-        now, sessions = await self._now()
-        claim = _claim(await self._jobs.claim_step(
-            transcript_id, step, owner=self.owner, now=now,
-            held=lambda owner, since: self.held_elsewhere(owner, since, (step, transcript_id), now=now,
-                                                          sessions=sessions)))
-        if claim.won:
-            self._holding.add((step, transcript_id))
-        return claim
+        return await self._take((step, transcript_id), lambda now, held: self._jobs.claim_step(
+            transcript_id, step, owner=self.owner, now=now, held=held))
 
     async def card_posted(self, transcript_id: int, reference: str) -> None:
         """Record the call's card (unless the notifier already did) and let go of the card's claim."""
