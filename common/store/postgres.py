@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from functools import lru_cache
@@ -112,6 +113,9 @@ def _reason(exc: BaseException) -> str:
     return " ".join(text[0].split())[:200] if text else type(exc).__name__
 
 
+_COPYABLE = re.compile(r"INSERT INTO (?P<table>\w+) \((?P<columns>[\w ,]+)\) VALUES \((?:\?, )*\?\)", re.IGNORECASE)
+
+
 class PostgresTx:
     """A transaction on one pooled connection (`common.store.base.Tx`)."""
 
@@ -125,6 +129,14 @@ class PostgresTx:
         return cursor.rowcount
 
     async def executemany(self, sql: str, rows: Iterable[Sequence]) -> None:
+        """Many rows: a plain `INSERT INTO t (columns) VALUES (?, …)` goes in by COPY (several times
+        faster: one stream instead of a statement per row); anything else statement by statement."""
+        if copy := _COPYABLE.fullmatch(sql.strip()):
+            async with self._conn.cursor() as cursor:
+                async with cursor.copy(f"COPY {copy['table']} ({copy['columns']}) FROM STDIN") as stream:
+                    for row in rows:
+                        await stream.write_row(row)
+            return
         async with self._conn.cursor() as cursor:
             await cursor.executemany(postgresql_sql(sql), list(rows))
 
