@@ -11,6 +11,8 @@ The API, the same on both engines:
     store.engine                      # "sqlite" | "postgresql"
     store.where                       # the database as a line may name it (a path; host:port/db, no password)
     await store.versions()            # {package: highest applied migration}
+    await store.now()                 # the clock two hosts compare: the server's on PostgreSQL
+    await store.sessions()            # processes connected to a shared server (None on SQLite)
     await store.server_version()      # "SQLite 3.46.1" | "PostgreSQL 15.8"
     await store.execute(sql, params)  # one statement, committed; rows changed
     await store.insert(sql, params)   # one INSERT into a table keyed by `id`, committed; the new id
@@ -34,7 +36,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from common.store.base import Busy, Retry, Store, Tx
+from common.store.base import Busy, Retry, Store, Tx, process_session
 from common.store.db import DB_FILENAME, SqliteStore, open_sqlite
 from common.store.dialect import ENGINES, POSTGRESQL, SQLITE, Migration, Search, index_new_rows, search
 from common.store.errors import MigrationError, StoreError
@@ -44,7 +46,7 @@ DATABASE_URL_SCHEMES = ("postgresql://", "postgres://")
 
 __all__ = ["DATABASE_URL_SCHEMES", "DB_FILENAME", "ENGINES", "POSTGRESQL", "SQLITE", "Busy", "Migration",
            "MigrationError", "Retry", "Search", "SqliteStore", "Store", "StoreError", "Tx", "check_store",
-           "index_new_rows", "open_store", "search"]
+           "index_new_rows", "open_store", "process_session", "search"]
 
 
 async def open_store(home: Path, migrations: Iterable[Migration] = (), *, database_url: str | None = None,

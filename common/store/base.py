@@ -31,6 +31,13 @@ class Tx(Protocol):
     async def fetchall(self, sql: str, params: Sequence = ()) -> list[Any]: ...
 
 
+def process_session(owner: str) -> str:
+    """The name a process's connections carry on a shared server (PostgreSQL's application_name, at most
+    63 bytes), from an owner token `host:pid:start[:nonce]`: what `Store.sessions()` lists while it runs."""
+    host, pid, start = (owner.split(":") + ["", "", ""])[:3]
+    return f"switchboard {host}:{pid}:{start}".encode()[:63].decode(errors="ignore")
+
+
 class Retry(StoreError):
     """Raised inside a transaction by an engine when the whole transaction may simply run again
     (lost the connection before COMMIT, a serialization failure, a deadlock). `transact` catches it."""
@@ -92,6 +99,17 @@ class Store:
 
     async def _on_retry(self, exc: Retry, attempt: int) -> None:  # pragma: no cover - each engine's
         raise exc
+
+    async def now(self) -> float:
+        """The store's clock (seconds since the epoch), for what processes on two hosts compare: the
+        database server's on PostgreSQL, this host's (or the injected clock) on SQLite, which one host
+        shares."""
+        return self._clock()
+
+    async def sessions(self) -> frozenset[str] | None:
+        """The processes connected to the store right now, each as `process_session(owner)` names it;
+        None when the engine cannot tell (SQLite: only this host's processes share it; ask the OS)."""
+        return None
 
     async def versions(self) -> dict[str, int]:
         """The highest applied version of every package."""

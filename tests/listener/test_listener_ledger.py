@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from bot.services import STORE_MIGRATIONS
-from common.store import open_store
-from listener.ledger import ExecutionLedger, process_alive, process_owner
+from common.store import open_store, process_session
+from listener.ledger import STALE_CLAIM_S, ExecutionLedger, process_alive, process_owner
 from runs.repository import RunRepository
 from tests.support.paths import SUPPORT
 
@@ -89,6 +89,50 @@ async def test_a_claim_left_by_an_owner_that_is_gone_is_taken_again_and_a_live_o
         assert not held.won and held.holder == "host-b:2:?:b"
         stale = ExecutionLedger(store, owner="host-c:3:?:c", alive=lambda o: True, clock=lambda: NOW + 601)
         assert (await claim(stale)).won  # a live owner that hung on the start for ten minutes
+    finally:
+        await store.close()
+
+
+async def test_another_hosts_claim_is_held_while_its_process_is_connected_to_the_shared_store(tmp_path,
+                                                                                              database_url):
+    """PostgreSQL: a process on another host is alive while it holds a session on the server (its connections
+    carry `process_session(owner)`), and its claim is then not taken; once it is gone, it is. SQLite is never
+    shared across hosts: another host's owner there counts as gone at once."""
+    store = await seeded(tmp_path, database_url=database_url)
+    other_host = "host-elsewhere:4242:777:beef"
+    session = None
+    try:
+        if database_url:
+            import psycopg
+
+            session = await psycopg.AsyncConnection.connect(database_url, application_name=process_session(other_host))
+        assert (await claim(ExecutionLedger(store, owner=other_host, clock=lambda: NOW))).won
+        here = ExecutionLedger(store, owner=process_owner(), clock=lambda: NOW + 60)  # the default `alive`
+        found = await claim(here)
+        assert found.won is (database_url is None)
+        if database_url:
+            assert found.holder == other_host
+            await session.close()  # the other host's process ends (or its host is cut off)
+            async with asyncio.timeout(30):  # its backend leaves the server a moment after the socket closes
+                while process_session(other_host) in await store.sessions():
+                    await asyncio.sleep(0.02)
+            assert (await claim(here)).won
+    finally:
+        if session is not None:
+            await session.close()
+        await store.close()
+
+
+async def test_claims_are_stamped_with_the_stores_clock_unless_one_is_injected(tmp_path, database_url):
+    store = await seeded(tmp_path, database_url=database_url)
+    try:
+        assert (await claim(ExecutionLedger(store, owner=process_owner()))).won
+        (claimed_at,) = (await store.fetchone("SELECT claimed_at FROM listener_jobs"))
+        after = await store.now()
+        assert after - STALE_CLAIM_S < claimed_at <= after  # the store's clock, not the seeded 2025 one
+        if database_url:  # ... which on PostgreSQL is the server's
+            (server,) = await store.fetchone("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8")
+            assert after <= server
     finally:
         await store.close()
 

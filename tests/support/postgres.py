@@ -123,6 +123,35 @@ def _database_url(url: str, database: str) -> str:
     return urlunsplit(parts._replace(path=f"/{database}"))
 
 
+def sweep_abandoned(keep: Path) -> None:
+    """Stop the servers of earlier runs whose workers are all gone (a run killed before its last worker
+    could stop its server), and forget them."""
+    for state_file in Path(tempfile.gettempdir()).glob("switchboard-pg-*.json"):
+        if state_file == keep:
+            continue
+        try:
+            state = json.loads(state_file.read_text())
+        except (OSError, ValueError):
+            continue
+        if "pids" not in state or any(_running(pid) for pid in state["pids"]):
+            continue  # in use (or written by a version that did not say by whom: never touched)
+        if state.get("own"):
+            PostgresServer(state_file.with_suffix("")).remove()
+        for leftover in (state_file, state_file.with_suffix(".lock")):
+            with contextlib.suppress(OSError):
+                leftover.unlink()
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class SharedServer:
     """The run's one server, shared by xdist workers through files under the temp dir named by the run."""
 
@@ -150,9 +179,11 @@ class SharedServer:
                 if not state.get("url"):
                     state["url"] = _prepare_database(given)
             elif not state.get("url"):
+                sweep_abandoned(self.state)
                 server = PostgresServer(self.dir).start()
                 state["url"], state["own"] = _prepare_database(server.url), True
             state["users"] += 1
+            state["pids"] = [*state.get("pids", []), os.getpid()]
             self.url = state["url"]
             self._joined = True
         return self.url
@@ -163,10 +194,14 @@ class SharedServer:
             return
         with self._locked() as state:
             state["users"] -= 1
+            state["pids"] = [pid for pid in state.get("pids", []) if pid != os.getpid()]
             if state["users"] <= 0 and state.get("own"):
                 PostgresServer(self.dir).remove()
                 state.clear()
                 state["users"] = 0
+        if not self.state.exists() or json.loads(self.state.read_text()).get("users", 0) <= 0:
+            with contextlib.suppress(OSError):
+                self.state.unlink()
 
     def new_database(self) -> str:
         """A fresh, empty store place for one test (a schema of its own); its URL."""
