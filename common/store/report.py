@@ -112,8 +112,8 @@ def reading_store(home: Path, *, database_url: str | None = None) -> Iterator[ob
     import psycopg
 
     try:
-        conn = psycopg.connect(database_url, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True,
-                               options="-c default_transaction_read_only=on")
+        conn = psycopg.connect(database_url, connect_timeout=CONNECT_TIMEOUT_S, autocommit=True)
+        conn.execute("SET default_transaction_read_only = on")  # not `options=`: that would replace the URL's
     except psycopg.Error:
         yield None
         return

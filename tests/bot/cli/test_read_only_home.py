@@ -76,7 +76,7 @@ async def test_doctor_calls_a_store_file_this_user_cannot_write_bad(tmp_path):
         assert done.returncode == 1, done.stdout
         assert store_rows[0].startswith("BAD") and "read-only for this user" in store_rows[0], store_rows
         assert sorted(os.listdir(home)) == [DB_FILENAME]
-        for argv, expected in READERS:  # the reading commands still read it
+        for argv, expected in READERS[::2]:  # the reading commands still read it (all of them: the test above)
             done = switchboard_process(argv, env)
             assert done.returncode == 0 and expected in done.stdout, (argv, done.stderr)
         assert sorted(os.listdir(home)) == [DB_FILENAME]
