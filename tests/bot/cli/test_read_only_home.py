@@ -108,3 +108,24 @@ async def test_a_reading_command_sees_what_a_running_writer_has_committed(tmp_pa
         assert sorted(os.listdir(home)) == before
     finally:
         await store.close()
+
+
+async def test_an_older_store_is_upgraded_when_the_home_is_writable_and_refused_in_one_line_when_not(tmp_path):
+    from runs.repository import MIGRATIONS as RUNS_MIGRATIONS
+
+    home = tmp_path / "home"
+    await (await open_store(home, RUNS_MIGRATIONS[:1])).close()  # as an older Switchboard left it
+    unwritable(home)
+    try:
+        done = switchboard_process(["runs", "list"], environment(tmp_path, home))
+        assert done.returncode == 2 and "written by an older Switchboard" in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1 and sorted(os.listdir(home)) == [DB_FILENAME]
+    finally:
+        restore(home)
+    code, out, err = await asyncio.to_thread(switchboard, ["runs", "list"], environment(tmp_path, home))
+    assert code == 0, err  # writable: opened the usual way, which upgrades it
+    store = await open_store(home, STORE_MIGRATIONS)
+    try:
+        assert await store.versions() == {m.package: m.version for m in STORE_MIGRATIONS}
+    finally:
+        await store.close()
