@@ -34,7 +34,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 TEST_URL_VARIABLE = "SWITCHBOARD_TEST_DATABASE_URL"
 DATABASE = "switchboard_tests"
 SKIPPED = "PostgreSQL half NOT RUN: no PostgreSQL binaries under /usr/lib/postgresql/*/bin and no " \
-          f"{TEST_URL_VARIABLE} (install Debian's postgresql package, or `make setup` as root)"
+          f"{TEST_URL_VARIABLE} (install Debian's postgresql package, or `make setup` as root; or " \
+          "SWITCHBOARD_TEST_POSTGRES=off was set)"
 
 
 def binaries() -> Path | None:
@@ -45,6 +46,9 @@ def binaries() -> Path | None:
 
 
 def available() -> bool:
+    """Whether the PostgreSQL half can run here (SWITCHBOARD_TEST_POSTGRES=off skips it on purpose)."""
+    if os.environ.get("SWITCHBOARD_TEST_POSTGRES", "").lower() == "off":
+        return False
     return bool(os.environ.get(TEST_URL_VARIABLE)) or binaries() is not None
 
 
