@@ -73,6 +73,37 @@ async def test_a_schema_newer_than_the_code_is_one_line_and_changes_nothing(tmp_
     assert "\n" not in str(caught.value) and "password" not in str(caught.value)
 
 
+async def test_a_command_that_only_reads_finds_no_store_and_makes_none(tmp_path, database_url):
+    with pytest.raises(StoreError, match="no (Switchboard )?store in"):
+        await open_store(tmp_path / "home", NOTES, database_url=database_url, create=False)
+    await (await open_store(tmp_path / "home", NOTES, database_url=database_url)).close()
+    store = await open_store(tmp_path / "home", NOTES, database_url=database_url, create=False)
+    await store.close()
+
+
+async def test_a_serialization_failure_runs_the_transaction_again_without_a_word(tmp_path, database_url, caplog):
+    if not database_url:
+        pytest.skip("PostgreSQL only: SQLite's writers wait in line and never fail to serialize")
+    from psycopg import errors
+
+    store = await open_store(tmp_path, NOTES, database_url=database_url, busy=Busy(sleep=_no_wait))
+    runs = 0
+    try:
+        async def conflicted_once(tx) -> int:
+            nonlocal runs
+            runs += 1
+            await tx.execute("INSERT INTO notes (text) VALUES ('kept once')")
+            if runs == 1:
+                raise errors.SerializationFailure("could not serialize access due to concurrent update")
+            return runs
+
+        with caplog.at_level(logging.WARNING, logger="switchboard.store"):
+            assert await store.transact(conflicted_once) == 2
+        assert (await store.fetchone("SELECT COUNT(*) FROM notes"))[0] == 1 and not caplog.records
+    finally:
+        await store.close()
+
+
 async def test_processes_opening_one_store_at_once_apply_each_migration_once(tmp_path, database_url):
     stores = await asyncio.gather(*(open_store(tmp_path, NOTES, database_url=database_url) for _ in range(4)))
     try:
