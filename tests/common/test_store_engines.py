@@ -213,3 +213,15 @@ async def test_an_unreachable_server_is_one_line_without_the_password(tmp_path):
 
 async def _no_wait(_seconds: float) -> None:
     await asyncio.sleep(0)
+
+
+async def test_a_literal_percent_means_the_same_with_and_without_parameters(tmp_path, database_url):
+    store = await open_store(tmp_path, NOTES, database_url=database_url)
+    try:
+        await store.insert("INSERT INTO notes (text) VALUES ('post failed: 503')")
+        assert await store.execute("UPDATE notes SET state = '50%' WHERE text LIKE 'post failed%'") == 1
+        assert (await store.fetchone("SELECT state FROM notes"))[0] == "50%"
+        assert await store.execute("UPDATE notes SET state = ? || '%' WHERE text LIKE 'post failed%'", ("60",)) == 1
+        assert (await store.fetchone("SELECT state FROM notes WHERE state LIKE ?", ("6%",)))[0] == "60%"
+    finally:
+        await store.close()
