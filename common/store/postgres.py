@@ -125,7 +125,8 @@ class PostgresTx:
         self._conn = conn
 
     async def execute(self, sql: str, params: Sequence = ()) -> int:
-        cursor = await self._conn.execute(postgresql_sql(sql) if params else sql.replace("%", "%%"), params or None)
+        # Without parameters psycopg reads no placeholders: the text goes as written (DDL, DO blocks).
+        cursor = await self._conn.execute(postgresql_sql(sql) if params else sql, params or None)
         return cursor.rowcount
 
     async def executemany(self, sql: str, rows: Iterable[Sequence]) -> None:

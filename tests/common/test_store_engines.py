@@ -73,6 +73,37 @@ async def test_a_schema_newer_than_the_code_is_one_line_and_changes_nothing(tmp_
     assert "\n" not in str(caught.value) and "password" not in str(caught.value)
 
 
+async def test_a_command_that_only_reads_finds_no_store_and_makes_none(tmp_path, database_url):
+    with pytest.raises(StoreError, match="no (Switchboard )?store in"):
+        await open_store(tmp_path / "home", NOTES, database_url=database_url, create=False)
+    await (await open_store(tmp_path / "home", NOTES, database_url=database_url)).close()
+    store = await open_store(tmp_path / "home", NOTES, database_url=database_url, create=False)
+    await store.close()
+
+
+async def test_a_serialization_failure_runs_the_transaction_again_without_a_word(tmp_path, database_url, caplog):
+    if not database_url:
+        pytest.skip("PostgreSQL only: SQLite's writers wait in line and never fail to serialize")
+    from psycopg import errors
+
+    store = await open_store(tmp_path, NOTES, database_url=database_url, busy=Busy(sleep=_no_wait))
+    runs = 0
+    try:
+        async def conflicted_once(tx) -> int:
+            nonlocal runs
+            runs += 1
+            await tx.execute("INSERT INTO notes (text) VALUES ('kept once')")
+            if runs == 1:
+                raise errors.SerializationFailure("could not serialize access due to concurrent update")
+            return runs
+
+        with caplog.at_level(logging.WARNING, logger="switchboard.store"):
+            assert await store.transact(conflicted_once) == 2
+        assert (await store.fetchone("SELECT COUNT(*) FROM notes"))[0] == 1 and not caplog.records
+    finally:
+        await store.close()
+
+
 async def test_processes_opening_one_store_at_once_apply_each_migration_once(tmp_path, database_url):
     stores = await asyncio.gather(*(open_store(tmp_path, NOTES, database_url=database_url) for _ in range(4)))
     try:
@@ -182,3 +213,15 @@ async def test_an_unreachable_server_is_one_line_without_the_password(tmp_path):
 
 async def _no_wait(_seconds: float) -> None:
     await asyncio.sleep(0)
+
+
+async def test_a_literal_percent_means_the_same_with_and_without_parameters(tmp_path, database_url):
+    store = await open_store(tmp_path, NOTES, database_url=database_url)
+    try:
+        await store.insert("INSERT INTO notes (text) VALUES ('post failed: 503')")
+        assert await store.execute("UPDATE notes SET state = '50%' WHERE text LIKE 'post failed%'") == 1
+        assert (await store.fetchone("SELECT state FROM notes"))[0] == "50%"
+        assert await store.execute("UPDATE notes SET state = ? || '%' WHERE text LIKE 'post failed%'", ("60",)) == 1
+        assert (await store.fetchone("SELECT state FROM notes WHERE state LIKE ?", ("6%",)))[0] == "60%"
+    finally:
+        await store.close()

@@ -31,10 +31,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from runs.procs import same_process
+
 TEST_URL_VARIABLE = "SWITCHBOARD_TEST_DATABASE_URL"
 DATABASE = "switchboard_tests"
 SKIPPED = "PostgreSQL half NOT RUN: no PostgreSQL binaries under /usr/lib/postgresql/*/bin and no " \
-          f"{TEST_URL_VARIABLE} (install Debian's postgresql package, or `make setup` as root)"
+          f"{TEST_URL_VARIABLE} (install Debian's postgresql package, or `make setup` as root; or " \
+          "SWITCHBOARD_TEST_POSTGRES=off was set)"
 
 
 def binaries() -> Path | None:
@@ -45,6 +48,9 @@ def binaries() -> Path | None:
 
 
 def available() -> bool:
+    """Whether the PostgreSQL half can run here (SWITCHBOARD_TEST_POSTGRES=off skips it on purpose)."""
+    if os.environ.get("SWITCHBOARD_TEST_POSTGRES", "").lower() == "off":
+        return False
     return bool(os.environ.get(TEST_URL_VARIABLE)) or binaries() is not None
 
 
@@ -133,23 +139,13 @@ def sweep_abandoned(keep: Path) -> None:
             state = json.loads(state_file.read_text())
         except (OSError, ValueError):
             continue
-        if "pids" not in state or any(_running(pid) for pid in state["pids"]):
+        if "pids" not in state or any(same_process(f"{pid}:?") for pid in state["pids"]):
             continue  # in use (or written by a version that did not say by whom: never touched)
         if state.get("own"):
             PostgresServer(state_file.with_suffix("")).remove()
         for leftover in (state_file, state_file.with_suffix(".lock")):
             with contextlib.suppress(OSError):
                 leftover.unlink()
-
-
-def _running(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SharedServer:
