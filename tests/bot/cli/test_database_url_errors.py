@@ -24,9 +24,9 @@ WRONG = "Wrong-" + PASSWORD
 
 @pytest.fixture(scope="module")
 def server():
-    from tests.support.postgres import SKIPPED, binaries
+    from tests.support.postgres import SKIPPED, available, binaries
 
-    if binaries() is None:
+    if binaries() is None or not available():  # a server of its own needs the binaries
         pytest.skip(SKIPPED)
     # under the system temp dir, which the postgres user can reach (pytest's own is root's alone)
     own = PasswordServer(Path(tempfile.mkdtemp(prefix="switchboard-pg-password-"))).start()
