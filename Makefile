@@ -15,7 +15,7 @@ test: setup
 
 # Every bench runs in turn; the first one that exits non-zero stops `make bench` with its name. Each
 # records its goals (bench/goals.py); the run ends with the table of them: figure, goal, met or not.
-BENCHES := receive call_latency file_input_memory discord_call calls_per_core vad_batch archive resume
+BENCHES := receive call_latency file_input_memory discord_call calls_per_core vad_batch archive listener_calls resume
 GOALS := $(VENV)/bench-goals.jsonl
 bench: setup
 	@set -e; rm -f $(GOALS); for b in $(BENCHES); do \
@@ -27,15 +27,19 @@ bench: setup
 	$(VENV)/bin/python bench/goals.py $(GOALS) $(BENCHES)
 
 # libopus0: the Opus codec discord.py loads; libportaudio2: microphone/speaker for `talk`;
-# espeak-ng: real speech for the tests. apt is skipped entirely when all are present, and waits
-# (up to 2 minutes) for another process's apt/dpkg lock instead of failing at once. Its output (dpkg
-# prints progress whatever -qq says) is kept and shown only when it fails.
+# espeak-ng: real speech for the tests; postgresql: the throwaway server the tests run the store's
+# PostgreSQL half on (tests/support/postgres.py; without it that half is skipped, and said so). apt is
+# skipped entirely when all are present, and waits (up to 2 minutes) for another process's apt/dpkg lock
+# instead of failing at once. Its output (dpkg prints progress whatever -qq says) is kept and shown only
+# when it fails.
 APT := apt-get -o DPkg::Lock::Timeout=120 -qq
+POSTGRES_SERVERS ?= /usr/lib/postgresql/*/bin/postgres
 system-deps:
 	@missing=""; \
 	ldconfig -p 2>/dev/null | grep -q 'libopus.so.0' || missing="$$missing libopus0"; \
 	ldconfig -p 2>/dev/null | grep -q 'libportaudio.so.2' || missing="$$missing libportaudio2"; \
 	command -v espeak-ng >/dev/null 2>&1 || missing="$$missing espeak-ng"; \
+	set -- $(POSTGRES_SERVERS); [ -e "$$1" ] || missing="$$missing postgresql"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then \
 		echo "missing system packages:$$missing (install them; set-up only installs them as root with apt-get)"; \

@@ -19,28 +19,35 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from urllib.parse import unquote, urlsplit
 
 from bot.phone.delivery import ListenerDelivery, ResultPoster, TerminalPoster
 from bot.settings import SECRET_VARIABLES, Settings
-from common.store import Migration, Store, open_store
+from common.store import Store, open_store
 from listener.archive import Archive
 from listener.callbacks import Callbacks, MutationTokens
-from listener.repository import MIGRATIONS as LISTENER_STEPS
+from listener.repository import MIGRATIONS as LISTENER_MIGRATIONS
 from runs import MIGRATIONS, NotificationSink, RunsConfig, RunService, TerminalSink
 from runs.lanes import Lane
 from voice.call.records import MIGRATIONS as VOICE_MIGRATIONS
 from voice.call.records import CallRecords
 
-# The listener declares its tables as plain steps (it never imports the service); the store applies them.
-LISTENER_MIGRATIONS = tuple(Migration(package, version, sql) for package, version, sql in LISTENER_STEPS)
 STORE_MIGRATIONS = (*MIGRATIONS, *LISTENER_MIGRATIONS, *VOICE_MIGRATIONS)
 AGENT_WORKDIR = "agent-work"  # the command lane's agent starts in SWITCHBOARD_HOME/agent-work
 
 
-async def open_home_store(settings: Settings, *, create: bool = True) -> Store:
-    """The one store in SWITCHBOARD_HOME, with every package's tables; `create=False` for a command that
-    only reads (no store there is then an error, not a new one). Raises StoreError (one line)."""
-    return await open_store(settings.home, STORE_MIGRATIONS, create=create)
+async def open_home_store(settings: Settings, *, create: bool = True, read_only: bool = False) -> Store:
+    """The one store — in PostgreSQL when SWITCHBOARD_DATABASE_URL is set, else in SWITCHBOARD_HOME — with
+    every package's tables; `create=False` for a command that only reads or stops (no store there is then
+    an error, not a new one), `read_only` for one that only reads (in SQLite it then works in a home it
+    cannot write, and writes nothing there). Raises StoreError (one line)."""
+    return await open_store(settings.home, STORE_MIGRATIONS, database_url=database_url(settings), create=create,
+                            read_only=read_only)
+
+
+def database_url(settings: Settings) -> str | None:
+    """SWITCHBOARD_DATABASE_URL, or None: the store is SQLite in SWITCHBOARD_HOME."""
+    return settings.database_url.get_secret_value() if settings.database_url is not None else None
 
 
 @contextlib.contextmanager
@@ -70,8 +77,18 @@ def process_secrets(settings: Settings) -> tuple[str, ...]:
     held = (settings.discord_token, settings.openai_api_key, settings.xai_api_key, settings.hermes_api_key,
             settings.listener_key, settings.text_api_key)
     values = [v.get_secret_value() for v in held if v is not None]
+    if password := _password(database_url(settings)):
+        values.append(password)  # the URL itself is one of SECRET_VARIABLES
     values += [os.environ.get(name, "").strip() for name in SECRET_VARIABLES]  # a key's other alias, too
     return tuple(dict.fromkeys(v for v in values if v))
+
+
+def _password(url: str | None) -> str | None:
+    try:
+        password = urlsplit(url).password if url else None
+    except ValueError:  # a malformed port: opening the store says so
+        return None
+    return unquote(password) if password else None
 
 
 @dataclass
@@ -114,7 +131,8 @@ async def build_services(settings: Settings, *, sink: NotificationSink | None = 
                          config: RunsConfig | None = None, lanes: Sequence[Lane] | None = None,
                          clock: Callable[[], float] = time.time,
                          sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-                         hold_delivery_s: float = 0.0, create_store: bool = True) -> AsyncIterator[Services]:
+                         hold_delivery_s: float = 0.0, create_store: bool = True,
+                         read_only: bool = False) -> AsyncIterator[Services]:
     """Open the store in SWITCHBOARD_HOME, start the runs service over it, and close both on exit.
 
     `sink` gets finished runs that are not a listener job's (default: the terminal); `poster` posts
@@ -123,9 +141,10 @@ async def build_services(settings: Settings, *, sink: NotificationSink | None = 
     it was. `config` replaces the runs configuration read from settings; `lanes`, `clock` and `sleep`
     are for tests; `hold_delivery_s` holds finished runs until `services.runs.release_delivery()` (the
     Discord service: until it has rejoined its calls); `create_store=False` for commands that only read
-    or stop (no store in SWITCHBOARD_HOME is then an error). Raises `common.store.StoreError` (one line,
-    says what to check)."""
-    store = await open_home_store(settings, create=create_store)
+    or stop (no store in SWITCHBOARD_HOME is then an error); `read_only` for commands that only read
+    (with `watch_runs=False`: nothing is written, not even beside the file). Raises
+    `common.store.StoreError` (one line, says what to check)."""
+    store = await open_home_store(settings, create=create_store, read_only=read_only)
     delivery = ListenerDelivery(store, sink or TerminalSink(), poster or TerminalPoster(),
                                 default_channel=settings.transcripts_channel_id)
     runs = RunService(store, config or runs_config(settings), sink=delivery, lanes=lanes, clock=clock, sleep=sleep,

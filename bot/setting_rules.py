@@ -171,3 +171,25 @@ def show_address(address: tuple[str, int]) -> str:
 
 def clip(text: str, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def malformed_url(text: str) -> str | None:
+    """Why a database URL cannot be read (its host, its port, a space, or libpq's own parser), or None.
+    The reason never quotes the URL: it may hold a password."""
+    from urllib.parse import urlsplit
+
+    if any(c.isspace() for c in text):
+        return "it holds a space or a line break"
+    try:
+        urlsplit(text).port  # noqa: B018 (reading it is the check: a port that is not 0-65535 raises)
+    except ValueError:
+        return "its host or port cannot be read"
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:  # pragma: no cover (psycopg is a dependency; without it, connecting says so)
+        return None
+    try:
+        conninfo_to_dict(text)
+    except Exception:
+        return "PostgreSQL's driver cannot read it"
+    return None

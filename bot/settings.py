@@ -47,8 +47,9 @@ OPERATORS = "SWITCHBOARD_OPERATOR_USER_IDS"
 SECRET_VARIABLES = frozenset({
     "DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN", "SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY",
     "XAI_API_KEY", "SWITCHBOARD_HERMES_API_KEY", "API_SERVER_KEY", "TRANSCRIPT_LISTENER_API_KEY",
-    "SWITCHBOARD_TEXT_API_KEY",
+    "SWITCHBOARD_TEXT_API_KEY", "SWITCHBOARD_DATABASE_URL",
 })
+DATABASE_URL_SCHEMES = ("postgresql://", "postgres://")
 URL_VARIABLES = frozenset({"SWITCHBOARD_REALTIME_URL", "SWITCHBOARD_HERMES_API_URL", "SMARTNUMBERS_STREAM_URL",
                            "SWITCHBOARD_TEXT_URL"})
 SMARTNUMBERS_HOST = "connections.smartnumbers.labs.bandwidth.com"
@@ -79,6 +80,8 @@ class Settings(BaseSettings):
 
     # -- the call ---------------------------------------------------------------------------------
     home: Path = Field(Path("~/.switchboard"), validation_alias="SWITCHBOARD_HOME")
+    # The store in PostgreSQL instead of SQLite in `home` (it may carry a password: never shown).
+    database_url: SecretStr | None = Field(None, validation_alias="SWITCHBOARD_DATABASE_URL")
     provider: str = Field("openai", validation_alias="SWITCHBOARD_PROVIDER")
     realtime_url: str | None = Field(None, validation_alias="SWITCHBOARD_REALTIME_URL")
     model: str = Field("", validation_alias="SWITCHBOARD_MODEL")
@@ -163,6 +166,22 @@ class Settings(BaseSettings):
     @classmethod
     def _home(cls, value: Any) -> Path:
         return Path(value).expanduser()
+
+    @field_validator("database_url", mode="before")
+    @classmethod
+    def _database_url(cls, value: Any) -> SecretStr | None:
+        text = (value.get_secret_value() if isinstance(value, SecretStr) else str(value)).strip() \
+            if value is not None else ""
+        if not text:
+            return None
+        if not text.startswith(DATABASE_URL_SCHEMES):
+            scheme = text.split("://", 1)[0][:20] if "://" in text else "none"
+            raise ValueError(f"must be a postgresql:// or postgres:// URL (its scheme is {scheme}); unset it to keep "
+                             "the store in SWITCHBOARD_HOME")
+        if problem := rules.malformed_url(text):  # said here, not by the driver, whose message quotes the URL
+            raise ValueError(f"is not a well-formed URL ({problem}): use postgresql://USER:PASSWORD@HOST:PORT/DBNAME, "
+                             "with any @ : / in the password percent-encoded")
+        return SecretStr(text)
 
     @field_validator("latency_log", mode="before")
     @classmethod

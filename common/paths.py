@@ -37,8 +37,9 @@ def output_problem(path: Path, label: str) -> str | None:
     return None
 
 
-def home_problem(home: Path) -> str | None:
-    """Why SWITCHBOARD_HOME cannot hold the store (one line), or None. Nothing is created."""
+def home_problem(home: Path, *, writing: bool = True) -> str | None:
+    """Why SWITCHBOARD_HOME cannot hold the store (one line), or None. Nothing is created. With
+    `writing=False` (a command that only reads an existing store) the home need not be writable."""
     home = Path(home).expanduser()
     if home.exists() and not home.is_dir():
         return f"SWITCHBOARD_HOME {home}: is not a directory; point it at a directory (default ~/.switchboard)"
@@ -50,7 +51,7 @@ def home_problem(home: Path) -> str | None:
     if kind := kernel_file_system(probe):
         return (f"SWITCHBOARD_HOME {home}: {probe} is a {kind} file system (kernel state, not storage); point it "
                 "at a directory on disk (default ~/.switchboard)")
-    if not os.access(probe, os.W_OK | os.X_OK):
+    if not os.access(probe, (os.W_OK if writing else os.R_OK) | os.X_OK):
         return f"SWITCHBOARD_HOME {home}: permission denied at {probe}; pick a directory you can write to"
     return None
 

@@ -8,28 +8,30 @@ that is older than `STALE_CLAIM_S`, is taken again. A job slot with a run is nev
 
 from __future__ import annotations
 
+import asyncio
 import os
 import secrets
 import socket
-import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from common.process import this_process
+from common.store import process_session
 from listener.repository import Database, Found, JobRepository
 
 STALE_CLAIM_S = 600.0  # a claim older than this is abandoned even when its owner still runs (a hung start)
 
 
 def process_owner() -> str:
-    """A claim owner naming this process: `host:pid:?:nonce` (the shape of the runs service's owner
+    """A claim owner naming this process: `host:pid:start:nonce` (the shape of the runs service's owner
     tokens, so the composition root may pass one of those instead)."""
-    return f"{socket.gethostname()}:{os.getpid()}:?:{secrets.token_hex(4)}"
+    return f"{this_process()}:{secrets.token_hex(4)}"
 
 
 def process_alive(owner: str) -> bool:
     """Whether the process named in a claim's owner still runs on this host. Another host's owner
-    counts as gone: one SQLite file is never shared across hosts."""
+    counts as gone here; the ledger also asks a shared store (`Store.sessions()`) about those."""
     host, _, rest = owner.partition(":")
     pid_text = rest.partition(":")[0]
     if host != socket.gethostname() or not pid_text.isdigit() or int(pid_text) <= 0:
@@ -72,31 +74,57 @@ class ExecutionLedger:
     after `STALE_CLAIM_S`. A slot with a run is never started again."""
 
     def __init__(self, db: Database, *, owner: str | None = None, alive: Callable[[str], bool] = process_alive,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         self.db = db
         self.owner = owner or process_owner()
         self._jobs = JobRepository(db)
         self._alive = alive
         self._clock = clock
         self._holding: set[tuple[str, Any]] = set()  # claims this ledger's tasks are working on now
+        self._claiming: dict[tuple[str, Any], list] = {}  # what -> [lock, tasks asking]: one claim at a time
 
-    def held_elsewhere(self, owner: str | None, since: float | None, what: tuple[str, Any]) -> bool:
-        """Whether a claim by `owner` taken at `since` is being worked on right now by someone else."""
-        if not owner or since is None or since < self._clock() - STALE_CLAIM_S:
+    def held_elsewhere(self, owner: str | None, since: float | None, what: tuple[str, Any], *, now: float,
+                       sessions: frozenset[str] | None = None) -> bool:
+        """Whether a claim by `owner` taken at `since` is being worked on right now by someone else (a
+        process of this host that runs, or of another host connected to the shared store: `sessions`)."""
+        if not owner or since is None or since < now - STALE_CLAIM_S:
             return False
         if owner == self.owner:
             return what in self._holding
-        return self._alive(owner)
+        return self._alive(owner) or (sessions is not None and process_session(owner) in sessions)
+
+    async def _now(self) -> tuple[float, frozenset[str] | None]:
+        """The time a claim is taken and judged at — the store's clock (the database server's, which
+        every host shares) unless one was injected — and who is connected to the store."""
+        now = self._clock() if self._clock is not None else await self.db.now()
+        return now, await self.db.sessions()
+
+    async def _take(self, what: tuple[str, Any],
+                    ask: Callable[[float, Callable[[str | None, float | None], bool]], Awaitable[Found | None]]
+                    ) -> Claim:
+        """One claim on `what`, the tasks of this process one at a time: a winner is among `_holding`
+        before another task of this process reads the claim (the commit and that note are two steps)."""
+        entry = self._claiming.setdefault(what, [asyncio.Lock(), 0])
+        entry[1] += 1
+        try:
+            async with entry[0]:
+                now, sessions = await self._now()
+                claim = _claim(await ask(now, lambda owner, since: self.held_elsewhere(
+                    owner, since, what, now=now, sessions=sessions)))
+                if claim.won:
+                    self._holding.add(what)
+                return claim
+        finally:
+            entry[1] -= 1
+            if not entry[1]:
+                del self._claiming[what]
 
     async def claim_job(self, *, key: str, transcript_id: int, kind: str, label: str, deliver: str) -> Claim:
         """Claim a job slot: won (start it now, then `started` or `failed`), done (it has its run), or
         held by someone starting it right now."""
-        claim = _claim(await self._jobs.claim_job(
-            key, transcript_id=transcript_id, kind=kind, label=label, deliver=deliver, owner=self.owner,
-            now=self._clock(), held=lambda owner, since: self.held_elsewhere(owner, since, ("job", key))))
-        if claim.won:  # after the commit, before any other task of this process can ask
-            self._holding.add(("job", key))
-        return claim
+        return await self._take(("job", key), lambda now, held: self._jobs.claim_job(
+            key, transcript_id=transcript_id, kind=kind, label=label, deliver=deliver, owner=self.owner, now=now,
+            held=held))
 
     async def started(self, key: str, job_id: str) -> None:
         """The slot's job is running as `job_id`; from now on the slot is done, whoever asks."""
@@ -125,12 +153,8 @@ class ExecutionLedger:
     async def claim_step(self, transcript_id: int, step: str) -> Claim:
         """Claim a call's `step` ("memory", "card"): won (do it, then `release_step`), done (the
         archive records it as done), or held by someone doing it right now."""
-        claim = _claim(await self._jobs.claim_step(
-            transcript_id, step, owner=self.owner, now=self._clock(),
-            held=lambda owner, since: self.held_elsewhere(owner, since, (step, transcript_id))))
-        if claim.won:
-            self._holding.add((step, transcript_id))
-        return claim
+        return await self._take((step, transcript_id), lambda now, held: self._jobs.claim_step(
+            transcript_id, step, owner=self.owner, now=now, held=held))
 
     async def card_posted(self, transcript_id: int, reference: str) -> None:
         """Record the call's card (unless the notifier already did) and let go of the card's claim."""

@@ -76,13 +76,15 @@ class TranscriptPipeline:
     def __init__(self, archive: Archive, *, download: Download, jobs: JobStarter | None, agent_name: str,
                  aliases: Sequence[str] = (), inbound_user: str = "TO", outbound_user: str = "FROM",
                  extractor: FactExtractor | None = None, notifier: CallNotifier | None = None,
-                 auto_review: bool = True, clock: Callable[[], float] = time.time, owner: str | None = None,
+                 auto_review: bool = True, clock: Callable[[], float] | None = None, owner: str | None = None,
                  alive: Callable[[str], bool] = process_alive,
                  sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
         """`owner` names this process on the claims it takes, and `alive(owner)` says whether another
-        claim's owner still runs (default: a process of this host by that pid)."""
+        claim's owner still runs (default: a process of this host by that pid). `clock`: for tests; the
+        ledger's claims then use it too, else the store's clock (the database server's on PostgreSQL)."""
         self.archive = archive
         self.ledger = ExecutionLedger(archive.db, owner=owner, alive=alive, clock=clock)
+        clock = clock or time.time
         self._sleep = sleep
         self.callbacks = Callbacks(archive.db, clock=clock)
         self.tokens = MutationTokens(archive.db, clock=clock)

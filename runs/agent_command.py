@@ -121,7 +121,7 @@ AGENT_ENV_VARIABLE = "SWITCHBOARD_AGENT_ENV"
 BOT_SECRET_VARIABLES = frozenset({
     "DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN", "SWITCHBOARD_OPENAI_API_KEY", "OPENAI_API_KEY",
     "XAI_API_KEY", "SWITCHBOARD_HERMES_API_KEY", "API_SERVER_KEY", "TRANSCRIPT_LISTENER_API_KEY",
-    "SWITCHBOARD_TEXT_API_KEY", "SWITCHBOARD_CALLBACK_TOKEN",
+    "SWITCHBOARD_TEXT_API_KEY", "SWITCHBOARD_CALLBACK_TOKEN", "SWITCHBOARD_DATABASE_URL",
 })
 # Variables that make a program load or run code of the variable's choosing (the dynamic loader, shell
 # start-up files, interpreters' module paths and options, git's and ssh's helper commands): never passed

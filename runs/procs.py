@@ -5,23 +5,10 @@ from __future__ import annotations
 import os
 import secrets
 import socket
-from pathlib import Path
+from collections.abc import Iterable
 
-
-def process_start_time(pid: int) -> str | None:
-    """The kernel's start time of `pid` (clock ticks since boot), or None if unknown / gone.
-
-    A pid alone can be reused; pid + start time names one process incarnation.
-    """
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # the command name (field 2) may contain spaces and parentheses: split after its last ')'
-    fields = stat[stat.rfind(")") + 2:].split()
-    if len(fields) < 20 or fields[0] in ("Z", "X"):
-        return None
-    return fields[19]
+from common.process import process_start_time, this_process
+from common.store import process_session
 
 
 def process_token(pid: int) -> str:
@@ -51,21 +38,28 @@ def same_process(token: str) -> bool:
 
 def owner_token() -> str:
     """This service instance, as recorded on the runs it watches: `host:pid:start:nonce`."""
-    return f"{socket.gethostname()}:{process_token(os.getpid())}:{secrets.token_hex(4)}"
+    return f"{this_process()}:{secrets.token_hex(4)}"
 
 
-def owner_alive(owner: str, *, me: str) -> bool:
+def elsewhere(owners: Iterable[str]) -> bool:
+    """Whether any of these owners names a process of another host."""
+    return any(owner.split(":", 1)[0] != socket.gethostname() for owner in owners)
+
+
+def owner_alive(owner: str, *, me: str, sessions: frozenset[str] | None = None) -> bool:
     """Whether a run's recorded watcher is still a live service instance.
 
-    Another host's owner counts as gone (one SQLite file is never shared across hosts; a container
-    restarted under a new hostname must still reconcile its runs). Another instance inside this very
-    process is gone too: one process runs one service, so it was an earlier, closed one.
+    Another host's owner is alive while its process holds a session on the shared server (`sessions`:
+    `common.store.Store.sessions()`, PostgreSQL); without one to ask (SQLite: one file is never shared
+    across hosts; a container restarted under a new hostname must still reconcile its runs) it counts
+    as gone. Another instance inside this very process is gone too: one process runs one service, so
+    it was an earlier, closed one.
     """
     if owner == me:
         return True
     parts = owner.split(":")
     if len(parts) < 3 or parts[0] != socket.gethostname():
-        return False
+        return sessions is not None and process_session(owner) in sessions
     if parts[1] == str(os.getpid()):
         return False
     return same_process(f"{parts[1]}:{parts[2]}")

@@ -7,7 +7,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.store import Migration, Store
+from common.store import Migration, Store, Tx
 from runs.core import (
     TERMINAL,
     Approval,
@@ -140,8 +140,8 @@ class RunRepository:
     async def create(self, *, lane: str, task: str, requester_id: int | None, owner: str,
                      idempotency_key: str, now: float, origin: str | None = None) -> RunTicket:
         """Insert and commit a `starting` ticket (before the lane is asked to start anything)."""
-        async with self.store.transaction() as db:
-            run_id = await _insert_starting(db, lane, task, requester_id, owner, idempotency_key, now, origin)
+        run_id = await self.store.transact(
+            lambda tx: _insert_starting(tx, lane, task, requester_id, owner, idempotency_key, now, origin))
         ticket = await self.get(run_id)
         assert ticket is not None
         return ticket
@@ -151,14 +151,13 @@ class RunRepository:
         """`create`, idempotent on `idempotency_key`: the ticket already recorded under that key (and
         False) when there is one — whichever task or process asked first — else a new one (and True).
         A start retried after a crash finds the run the first attempt recorded, never a second."""
-        async with self.store.transaction() as db:
-            async with db.execute("SELECT id FROM runs WHERE idempotency_key = ?", (idempotency_key,)) as cursor:
-                row = await cursor.fetchone()
-            created = row is None
-            if created:
-                run_id = await _insert_starting(db, lane, task, requester_id, owner, idempotency_key, now, origin)
-            else:
-                run_id = int(row[0])
+        async def create(tx: Tx) -> tuple[int, bool]:
+            row = await tx.fetchone("SELECT id FROM runs WHERE idempotency_key = ?", (idempotency_key,))
+            if row is not None:
+                return int(row[0]), False
+            return await _insert_starting(tx, lane, task, requester_id, owner, idempotency_key, now, origin), True
+
+        run_id, created = await self.store.transact(create)
         ticket = await self.get(run_id)
         assert ticket is not None
         return ticket, created
@@ -194,16 +193,15 @@ class RunRepository:
                      now: float = 0.0) -> tuple[RunTicket, RunTicket] | None:
         """Read, change and write one ticket inside one write transaction (no lost updates between
         processes). `change` returns the new ticket, or None to leave it. Returns (before, after)."""
-        async with self.store.transaction() as db:
-            async with db.execute("SELECT * FROM runs WHERE id = ?", (run_id,)) as cursor:
-                row = await cursor.fetchone()
+        async def update(tx: Tx) -> tuple[RunTicket, RunTicket] | None:
+            row = await tx.fetchone("SELECT * FROM runs WHERE id = ?", (run_id,))
             if row is None:
                 return None
             before = _ticket(row)
             after = change(before)
             if after is None or after == before:
                 return before, before
-            await db.execute(
+            await tx.execute(
                 "UPDATE runs SET state = ?, external_id = ?, owner = ?, output = ?, output_cut = ?, "
                 "error = ?, progress = ?, approval = ?, stop_reason = ?, stop_kind = ?, stop_at = ?, "
                 "stop_by = ?, updated_at = ?, started_at = ?, finished_at = ? WHERE id = ?",
@@ -214,9 +212,11 @@ class RunRepository:
                  after.updated_at, after.started_at, after.finished_at, run_id))
             logged = event(before, after) if event else None
             if logged:
-                await db.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, ?, ?)",
+                await tx.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, ?, ?)",
                                  (run_id, now or after.updated_at, logged[0], logged[1][:500]))
-        return before, after
+            return before, after
+
+        return await self.store.transact(update)
 
     # -- delivery ----------------------------------------------------------------------------------
 
@@ -254,13 +254,15 @@ class RunRepository:
     # -- steering receipts -------------------------------------------------------------------------
 
     async def add_receipt(self, run_id: int, token: str, note: str, now: float) -> SteerReceipt:
-        async with self.store.transaction() as db:
-            cursor = await db.execute(
+        async def add(tx: Tx) -> int:
+            receipt_id = await tx.insert(
                 "INSERT INTO run_steers (run_id, token, note, state, created_at, updated_at) "
                 "VALUES (?, ?, ?, 'queued', ?, ?)", (run_id, token, note, now, now))
-            receipt_id = int(cursor.lastrowid)
-            await db.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'steer', ?)",
+            await tx.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'steer', ?)",
                              (run_id, now, f"note {token} queued"))
+            return receipt_id
+
+        receipt_id = await self.store.transact(add)
         return SteerReceipt(receipt_id, run_id, token, note, SteerState.QUEUED, now, now)
 
     async def receipts(self, run_id: int) -> list[SteerReceipt]:
@@ -270,22 +272,22 @@ class RunRepository:
     async def update_receipts(self, run_id: int,
                               change: Callable[[SteerReceipt], SteerReceipt]) -> list[SteerReceipt]:
         """Apply `change` to every receipt of the run in one transaction; returns those that changed."""
-        changed: list[SteerReceipt] = []
-        async with self.store.transaction() as db:
-            async with db.execute("SELECT * FROM run_steers WHERE run_id = ? ORDER BY id", (run_id,)) as cursor:
-                rows = await cursor.fetchall()
-            for row in rows:
+        async def update(tx: Tx) -> list[SteerReceipt]:
+            changed: list[SteerReceipt] = []
+            for row in await tx.fetchall("SELECT * FROM run_steers WHERE run_id = ? ORDER BY id", (run_id,)):
                 before = _receipt(row)
                 after = change(before)
                 if after == before:
                     continue
-                await db.execute("UPDATE run_steers SET state = ?, seen_pending = ?, updated_at = ? WHERE id = ?",
+                await tx.execute("UPDATE run_steers SET state = ?, seen_pending = ?, updated_at = ? WHERE id = ?",
                                  (after.state.value, int(after.seen_pending), after.updated_at, after.id))
                 if after.state != before.state:
-                    await db.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'steer', ?)",
+                    await tx.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'steer', ?)",
                                      (run_id, after.updated_at, f"note {after.token} {after.state.value}"))
                 changed.append(after)
-        return changed
+            return changed
+
+        return await self.store.transact(update)
 
     # -- event log ---------------------------------------------------------------------------------
 
@@ -295,20 +297,19 @@ class RunRepository:
 
     async def events(self, run_id: int, limit: int = 50) -> list[RunEvent]:
         rows = await self.store.fetchall(
-            "SELECT at, kind, detail FROM (SELECT * FROM run_events WHERE run_id = ? ORDER BY id DESC LIMIT ?) "
+            "SELECT at, kind, detail FROM (SELECT * FROM run_events WHERE run_id = ? ORDER BY id DESC LIMIT ?) AS newest "
             "ORDER BY id", (run_id, limit))
         return [RunEvent(r["at"], r["kind"], r["detail"]) for r in rows]
 
 
-async def _insert_starting(db, lane: str, task: str, requester_id: int | None, owner: str, idempotency_key: str,
+async def _insert_starting(tx: Tx, lane: str, task: str, requester_id: int | None, owner: str, idempotency_key: str,
                            now: float, origin: str | None = None) -> int:
     """A `starting` ticket and its `created` event, inside the caller's transaction; the new run id."""
-    cursor = await db.execute(
+    run_id = await tx.insert(
         "INSERT INTO runs (lane, task, state, requester_id, owner, idempotency_key, created_at, updated_at, origin) "
         "VALUES (?, ?, 'starting', ?, ?, ?, ?, ?, ?)",
         (lane, task, requester_id, owner, idempotency_key, now, now, origin))
-    run_id = int(cursor.lastrowid)
-    await db.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'created', ?)",
+    await tx.execute("INSERT INTO run_events (run_id, at, kind, detail) VALUES (?, ?, 'created', ?)",
                      (run_id, now, f"on {lane}"))
     return run_id
 

@@ -41,7 +41,7 @@ from runs.core import (
     receipt_on_stop,
 )
 from runs.lanes import CommandLane, HermesApiLane, Lane, LaneError, LaneProbe
-from runs.procs import owner_alive, owner_token
+from runs.procs import elsewhere, owner_alive, owner_token
 from runs.repository import MIGRATIONS, RunRepository
 from runs.results import (
     Answered,
@@ -165,10 +165,13 @@ class RunService:
         await self.store.migrate(MIGRATIONS)
         if not self._watch:
             return
-        dead = [o for o in await self.repo.claim_owners() if not owner_alive(o, me=self.owner)]
+        owners, active = await self.repo.claim_owners(), await self.repo.active()
+        # another host's processes: alive while connected to a shared server (asked only when there are any)
+        sessions = await self.store.sessions() if elsewhere([*owners, *(t.owner for t in active)]) else None
+        dead = [o for o in owners if not owner_alive(o, me=self.owner, sessions=sessions)]
         if dead:
             await self.repo.release_claims(dead)
-        orphans = [t for t in await self.repo.active() if not owner_alive(t.owner, me=self.owner)]
+        orphans = [t for t in active if not owner_alive(t.owner, me=self.owner, sessions=sessions)]
         await asyncio.gather(*(self._reconcile(t) for t in orphans))
         for run_id in await self.repo.undelivered():
             self._spawn(self._deliver(run_id), f"deliver-{run_id}")
@@ -508,7 +511,8 @@ class RunService:
         now = self._clock()
         superseded = await self.repo.update_receipts(ticket.id, lambda r: receipt_on_stop(r, now))
         await self._notify()
-        if not self._watch and not owner_alive(ticket.owner, me=self.owner):
+        sessions = await self.store.sessions() if elsewhere([ticket.owner]) else None
+        if not self._watch and not owner_alive(ticket.owner, me=self.owner, sessions=sessions):
             await self._settle_unwatched(ticket, lane)
         return Stopped(ticket.id, StopOutcome.STOPPING, ticket.state,
                        f"stopping run {ticket.id} ({lane.name} says {said})", superseded=len(superseded))

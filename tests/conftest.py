@@ -77,3 +77,39 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         return
     os.nice(YIELDING_NICENESS)
     config.stash[_yielding] = True
+
+
+# -- the store's two engines (tests/support/postgres.py) -------------------------------------------------
+
+@pytest.fixture(scope="session")
+def postgres_server(request: pytest.FixtureRequest):
+    """The run's shared throwaway PostgreSQL (started by the first test that needs it), or None when
+    there is none here (the PostgreSQL half is then skipped, and said once at the end)."""
+    from tests.support.postgres import SharedServer, available
+
+    if not available():
+        return None
+    server = SharedServer(os.environ.get("PYTEST_XDIST_TESTRUNUID") or f"solo-{os.getpid()}")
+    request.addfinalizer(server.leave)
+    return server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, postgres_server) -> str | None:
+    """Each test that takes it runs on both engines: None (SQLite in the test's home), then the URL of a
+    fresh PostgreSQL database of its own."""
+    if request.param == "sqlite":
+        return None
+    if postgres_server is None:
+        from tests.support.postgres import SKIPPED
+
+        pytest.skip(SKIPPED)
+    return postgres_server.new_database()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    """Say once, at the end, when the PostgreSQL half of the suite could not run here."""
+    from tests.support.postgres import SKIPPED, available
+
+    if not hasattr(config, "workerinput") and not available():
+        terminalreporter.write_line(SKIPPED, yellow=True, bold=True)

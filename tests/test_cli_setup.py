@@ -18,9 +18,11 @@ from tests.support.paths import ROOT
 MAKE = shutil.which("make")
 
 
-def fake_system(tmp_path: Path, *, libraries: bool, espeak: bool, apt_busy_times: int = 0) -> dict[str, str]:
+def fake_system(tmp_path: Path, *, libraries: bool, espeak: bool, apt_busy_times: int = 0,
+                postgres: bool = True) -> dict[str, str]:
     """A PATH of stand-ins: ldconfig, espeak-ng, id (root), sleep (instant) and an apt-get that logs
-    its arguments and reports a held lock the first `apt_busy_times` times."""
+    its arguments and reports a held lock the first `apt_busy_times` times; PostgreSQL's server binary
+    where the Makefile looks for it (POSTGRES_SERVERS) when `postgres`."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     scripts = {
@@ -38,7 +40,12 @@ def fake_system(tmp_path: Path, *, libraries: bool, espeak: bool, apt_busy_times
         (bin_dir / name).chmod(0o755)
     for tool in ("grep", "wc"):
         os.symlink(shutil.which(tool), bin_dir / tool)
-    return {"PATH": str(bin_dir), "HOME": str(tmp_path)}
+    server = tmp_path / "postgresql" / "15" / "bin" / "postgres"
+    if postgres:
+        server.parent.mkdir(parents=True)
+        server.write_text("")
+    return {"PATH": str(bin_dir), "HOME": str(tmp_path),
+            "POSTGRES_SERVERS": str(tmp_path / "postgresql" / "*" / "bin" / "postgres")}
 
 
 def make_system_deps(env: dict[str, str]) -> subprocess.CompletedProcess:
@@ -61,6 +68,13 @@ def test_a_held_apt_lock_is_waited_out_and_espeak_ng_is_installed(tmp_path):
     assert [c.split()[-1] for c in calls] == ["update", "update", "update", "espeak-ng"]
     assert all("DPkg::Lock::Timeout=120" in c for c in calls) and "install -y espeak-ng" in calls[-1]
     assert "retrying" in result.stdout
+
+
+@pytest.mark.skipif(MAKE is None, reason="needs make")
+def test_postgresql_is_installed_when_its_server_is_missing(tmp_path):
+    result = make_system_deps(fake_system(tmp_path, libraries=True, espeak=True, postgres=False))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (tmp_path / "apt.log").read_text().splitlines()[-1].endswith("install -y postgresql")
 
 
 def test_the_license_is_an_spdx_string_for_a_setuptools_that_accepts_it():

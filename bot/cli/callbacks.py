@@ -101,13 +101,14 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
 async def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = None, err: TextIO | None = None,
                environ: dict[str, str] | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
-    if problem := home_problem(settings.home):
-        print(f"switchboard callbacks: {problem}", file=err)
-        return 2
     request = _request(args)
     changing = request["action"] not in ("list", "show")
+    if problem := home_problem(settings.home, writing=changing):
+        print(f"switchboard callbacks: {problem}", file=err)
+        return 2
     try:
-        async with build_services(settings, watch_runs=False, create_store=changing) as services:
+        async with build_services(settings, watch_runs=False, create_store=changing,
+                                  read_only=not changing) as services:
             if changing:
                 env = os.environ if environ is None else environ
                 token = getattr(args, "token", None) or env.get(TOKEN_VARIABLE)

@@ -6,6 +6,7 @@ feature that is unavailable, an ignored variable) do not.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import platform
@@ -19,7 +20,6 @@ from typing import Literal
 from bot.fleet.http import describe
 from bot.settings import KEY_VARIABLES, SettingsError, SettingsReport, key_variable, realtime_api_key
 from common.paths import output_problem
-from common.store import DB_FILENAME
 from voice.call.providers import PROVIDERS
 
 Status = Literal["ok", "warn", "bad"]
@@ -42,7 +42,7 @@ class Check:
 # checking the default that stands in for it (which would be a silent wrong answer).
 _TOKEN = ("DISCORD_BOT_TOKEN", "SWITCHBOARD_DISCORD_TOKEN")
 _READS = {
-    "store": ("SWITCHBOARD_HOME",),
+    "store": ("SWITCHBOARD_HOME", "SWITCHBOARD_DATABASE_URL"),
     "latency log": ("SWITCHBOARD_LATENCY_LOG",),
     "call modes": ("SWITCHBOARD_REPLY_TO", "SWITCHBOARD_FOLLOWUP_S", "SWITCHBOARD_CAPTIONS",
                    "SWITCHBOARD_CALL_MAX_MINUTES", "SWITCHBOARD_SESSION_ROLLOVER_S"),
@@ -140,12 +140,9 @@ def _calls_to_resume(settings) -> Check | None:
 
     from voice.call.records import unfinished_calls
 
-    path = settings.home.expanduser() / DB_FILENAME
-    if not path.exists():
-        return None
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            counts = unfinished_calls(db)
+        with _store(settings) as db:
+            counts = unfinished_calls(db) if db is not None else {}
     except sqlite3.Error:
         return None
     if not counts:
@@ -187,20 +184,16 @@ def _post_call(settings) -> list[Check]:
                                                          "and results are kept in the archive, not posted"))
     else:
         rows.append(Check("transcripts channel", "ok", f"call cards and results go to {settings.transcripts_channel_id}"))
-    path = settings.home.expanduser() / DB_FILENAME
     callbacks, review, failed, waiting = [], False, None, 0
-    if path.exists():
-        try:
-            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-                for cid, enabled in callback_switches(db):
-                    if cid == "default-review":
-                        review = enabled
-                    elif enabled:
-                        callbacks.append(cid)
-                failed = last_failed_post(db)
-                waiting = results_waiting(db)
-        except sqlite3.Error:
-            pass  # no listener tables yet
+    with contextlib.suppress(sqlite3.Error), _store(settings) as db:  # an error: no listener tables yet
+        if db is not None:
+            for cid, enabled in callback_switches(db):
+                if cid == "default-review":
+                    review = enabled
+                elif enabled:
+                    callbacks.append(cid)
+            failed = last_failed_post(db)
+            waiting = results_waiting(db)
     review_words = ("off (SWITCHBOARD_AUTO_REVIEW=false)" if not settings.auto_review else "on" if review else
                     "off (no review instructions: say \"set my call review to …\" in `switchboard talk` or as "
                     "an operator in a Discord call)")
@@ -221,13 +214,10 @@ def _last_post(settings) -> Check:
 
     from runs.repository import last_post_event
 
-    path = settings.home.expanduser() / DB_FILENAME
     channel = settings.runs_channel_id
-    if not path.exists():
-        return Check("runs channel", "ok", f"{channel}; nothing posted yet")
     try:
-        with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as db:
-            row = last_post_event(db)
+        with _store(settings) as db:
+            row = last_post_event(db) if db is not None else None
     except sqlite3.Error:
         row = None
     if row is None:
@@ -238,17 +228,23 @@ def _last_post(settings) -> Check:
     return Check("runs channel", "ok", f"{channel}; run {run_id} was the last posted")
 
 
-def _home(settings) -> Check:
-    from bot.services import STORE_MIGRATIONS
-    from common.store import check_store
+def _store(settings):
+    """The store, read-only, on whichever engine is configured (`common.store.report.reading_store`)."""
+    from bot.services import database_url
+    from common.store.report import reading_store
 
-    # check_store: home_problem (not a directory, /proc, no permission), then the file itself read-only
-    # (a directory or device in its place, not SQLite, damaged, from a newer Switchboard)
-    if problem := check_store(settings.home, STORE_MIGRATIONS):
-        return Check("store", "bad", problem)
-    home = settings.home.expanduser()
-    where = "exists" if (home / DB_FILENAME).exists() else "is created on first use"
-    return Check("store", "ok", f"{home / DB_FILENAME} {where}")
+    return reading_store(settings.home, database_url=database_url(settings))
+
+
+def _home(settings) -> Check:
+    """The store row: its engine and server, the migrations applied, read without changing anything.
+    SQLite: home_problem (not a directory, /proc, no permission), then the file itself (a directory or
+    device in its place, not SQLite, damaged, read-only for this user, from a newer Switchboard)."""
+    from bot.services import STORE_MIGRATIONS, database_url
+    from common.store.report import store_report
+
+    report = store_report(settings.home, STORE_MIGRATIONS, database_url=database_url(settings))
+    return Check("store", "ok" if report.ok else "bad", report.detail)
 
 
 def _latency_log(settings) -> Check:

@@ -40,6 +40,7 @@ class OneLineParser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from bot.cli import callbacks as callbacks_cli
     from bot.cli import runs as runs_cli
+    from bot.cli import store as store_cli
     from bot.cli import transcripts as transcripts_cli
 
     parser = OneLineParser(
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     runs_cli.add_parser(sub)
     transcripts_cli.add_parser(sub)
     callbacks_cli.add_parser(sub)
+    store_cli.add_parser(sub)
     return parser
 
 
@@ -140,12 +142,7 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         parser.print_help(sys.stderr)
         print("switchboard: name a command, e.g. `switchboard doctor` (see above)", file=sys.stderr)
         return EXIT_USAGE
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # httpx logs every request's full URL at INFO (a presigned transcript URL's signature) and httpcore
-    # every header at DEBUG (the Hermes key): neither may reach a log, even with -v.
-    for noisy in ("httpx", "httpcore"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging(args.verbose)
     try:
         variables = read_variables(args.env_file, environ)
     except EnvFileError as exc:
@@ -196,7 +193,26 @@ def _main(argv: list[str] | None, environ: Mapping[str, str] | None) -> int:
         from bot.cli import callbacks as callbacks_cli
 
         return callbacks_cli.run(args, report.settings)
+    if args.command == "store":
+        from bot.cli import store as store_cli
+
+        return store_cli.run(args, report.settings)
     raise AssertionError(f"unhandled command {args.command!r}")  # pragma: no cover
+
+
+def configure_logging(verbose: bool) -> None:
+    """Log lines to stderr, each passed through the credential redactor: whatever a library logs (a
+    database URL with its password, a header) reaches no handler with a credential in it."""
+    from common.redact import CredentialRedactor
+
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # httpx logs every request's full URL at INFO (a presigned transcript URL's signature) and httpcore
+    # every header at DEBUG (the Hermes key): neither may reach a log, even with -v.
+    for noisy in ("httpx", "httpcore"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(CredentialRedactor())
 
 
 def _settings_usable(report: SettingsReport, command: str) -> bool:

@@ -68,12 +68,13 @@ async def main(args: argparse.Namespace, settings: Settings, *, config: RunsConf
     """`config` replaces the runs configuration read from `settings` (tests)."""
     out = out or sys.stdout
     err = err or sys.stderr
-    if problem := home_problem(settings.home):  # configuration, not a failure: the same line doctor prints
+    reading = args.runs_command != "stop"
+    if problem := home_problem(settings.home, writing=not reading):  # configuration: the line doctor prints
         print(f"switchboard runs: {problem}", file=err)
         return 2
     try:
         async with build_services(settings, watch_runs=False, config=config, lanes=lanes, clock=clock,
-                                  sleep=sleep, create_store=False) as services:
+                                  sleep=sleep, create_store=False, read_only=reading) as services:
             return await _act(services.runs, args, out, err, clock)
     except StoreError as exc:
         print(f"switchboard runs: {exc}", file=err)

@@ -65,11 +65,11 @@ def run(args: argparse.Namespace, settings: Settings) -> int:
 async def main(args: argparse.Namespace, settings: Settings, *, out: TextIO | None = None,
                err: TextIO | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
-    if problem := home_problem(settings.home):
+    if problem := home_problem(settings.home, writing=False):
         print(f"switchboard transcripts: {problem}", file=err)
         return 2
     try:
-        async with build_services(settings, watch_runs=False, create_store=False) as services:
+        async with build_services(settings, watch_runs=False, create_store=False, read_only=True) as services:
             calls = services.archive
             if args.transcripts_command == "search":
                 found = await calls.search(" ".join(args.query), conversation_id=args.conversation,

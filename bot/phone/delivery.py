@@ -24,7 +24,7 @@ from listener.pipeline import CallCard
 from listener.repository import POSTING, WAITING, JobRepository, JobRoute, TranscriptRepository
 from listener.text import quote_untrusted
 from runs import NotificationSink, RunState, RunTicket
-from runs.procs import owner_alive, owner_token
+from runs.procs import elsewhere, owner_alive, owner_token
 from runs.repository import RunRepository
 from runs.wording import STATE_WORDS, bounded, elapsed_words
 
@@ -76,6 +76,7 @@ class ListenerDelivery:
         self._transcripts = TranscriptRepository(store)
         self._repo = RunRepository(store)
         self._owner = owner or owner_token()
+        self._store = store
         self._lock = asyncio.Lock()  # a result and its card never cross in this process
 
     async def post_run(self, ticket: RunTicket) -> None:
@@ -123,20 +124,21 @@ class ListenerDelivery:
     async def _job(self, run_id: int) -> JobRoute | None:
         return await self._jobs.route(f"run-{run_id}")
 
-    def _postable(self, delivered: str | None) -> bool:
+    def _postable(self, delivered: str | None, sessions: frozenset[str] | None) -> bool:
         """Whether a result in this state is still to be posted: never posted, waiting, refused before,
-        or left half-posted by a process that is gone."""
+        or left half-posted by a process that is gone (`sessions`: who is connected to a shared store)."""
         if delivered is None or delivered == WAITING or delivered.startswith("post failed"):
             return True
         if delivered.startswith(POSTING):
             owner = delivered.removeprefix(POSTING)
-            return owner != self._owner and not owner_alive(owner, me=self._owner)
+            return owner != self._owner and not owner_alive(owner, me=self._owner, sessions=sessions)
         return False
 
     async def _post(self, ticket: RunTicket, job: JobRoute) -> bool:
         """Take the result (exactly one process wins) and post it; False when it was not ours to post."""
         seen = job.delivered
-        if not self._postable(seen) or not await self._jobs.take_result(job.dedupe_key, seen, self._owner):
+        sessions = await self._store.sessions() if seen and elsewhere([seen.removeprefix(POSTING)]) else None
+        if not self._postable(seen, sessions) or not await self._jobs.take_result(job.dedupe_key, seen, self._owner):
             return False
         result = JobResult(ticket, job.kind, job.label, job.conversation_id, job.from_number, job.to_number,
                            deliver_channel(job.deliver, self._default_channel), job.card)

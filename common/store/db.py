@@ -1,4 +1,4 @@
-"""Open the shared database owner-only, in WAL mode, and apply each package's migrations once.
+"""The SQLite engine: the shared database file, owner-only, in WAL mode, each package's migrations once.
 
 Many processes share this file (`run`, `listen`, the CLI, an agent run changing callbacks), so each
 process opens two connections and never mixes their jobs:
@@ -14,7 +14,7 @@ A write that still finds the database locked after the busy wait is tried again 
 jittered pause, then fails with a `StoreError` that says what to do. So does a file that is not a
 usable database: nothing is ever deleted or recreated for the user.
 
-Each package declares its own `Migration(package, version, sql)` list next to its repository module
+Each package declares its own `Migration(package, version, sql)` list (`common.store.dialect`) next to its repository module
 and passes it in when the store is opened; versions are applied in order, each in one transaction
 together with its row in `schema_migrations`, so a crash leaves either all of a migration or none.
 Two processes opening the same file at once are safe: the version check runs inside the write lock.
@@ -25,24 +25,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
-import re
 import sqlite3
 import stat
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
 import aiosqlite
 
-from common.store.errors import MigrationError, StoreError, is_busy, store_problem
+from common.store.base import Busy, Store
+from common.store.dialect import SQLITE, Migration
+from common.store.errors import StoreError, is_busy, store_problem
 
 DB_FILENAME = "switchboard.db"
 _SIDECARS = ("-wal", "-shm", "-journal")
-_PACKAGE = re.compile(r"^[a-z][a-z0-9_.]{0,63}$")
 T = TypeVar("T")
 
 _BOOTSTRAP = """
@@ -53,70 +51,6 @@ CREATE TABLE IF NOT EXISTS schema_migrations (
     PRIMARY KEY (package, version)
 )
 """
-
-
-@dataclass(frozen=True)
-class Busy:
-    """How long a write waits for another process: SQLite's own busy wait (`timeout_s`) per attempt,
-    then up to `attempts` tries in all, with a jittered exponential pause between them. `sleep` and
-    `random` are injectable so tests never wait for real."""
-
-    timeout_s: float = 5.0
-    attempts: int = 5
-    first_pause_s: float = 0.05
-    max_pause_s: float = 1.0
-    sleep: Callable[[float], Awaitable[None]] = field(default=asyncio.sleep, compare=False)
-    random: Callable[[], float] = field(default=random.random, compare=False)
-
-    def pause(self, attempt: int) -> float:
-        """The pause after failed attempt `attempt` (0-based): between half and one and a half times
-        the doubled step, so processes that collided do not collide again in lockstep."""
-        step = min(self.max_pause_s, self.first_pause_s * (2 ** attempt))
-        return step * (0.5 + self.random())
-
-
-@dataclass(frozen=True)
-class Migration:
-    """One schema step of one package. `version` counts from 1 per package, without gaps."""
-
-    package: str
-    version: int
-    sql: str
-
-
-def _check(migrations: Iterable[Migration]) -> dict[str, list[Migration]]:
-    by_package: dict[str, list[Migration]] = {}
-    for m in migrations:
-        if not _PACKAGE.match(m.package):
-            raise MigrationError(f"migration package name {m.package!r} is not a lowercase identifier")
-        by_package.setdefault(m.package, []).append(m)
-    for package, items in by_package.items():
-        items.sort(key=lambda m: m.version)
-        versions = [m.version for m in items]
-        if versions != list(range(1, len(items) + 1)):
-            raise MigrationError(f"migrations of {package!r} must be numbered 1..n without gaps or "
-                                 f"repeats, got {versions}")
-    return by_package
-
-
-def newer_than_known(path: Path, package: str, current: int, known: int) -> MigrationError:
-    return MigrationError(f"{path} has {package} schema version {current}, newer than this Switchboard knows "
-                          f"({known}): upgrade Switchboard (or point SWITCHBOARD_HOME elsewhere); nothing was "
-                          f"changed")
-
-
-def split_statements(sql: str) -> list[str]:
-    """Split a migration script into complete statements (triggers included), dropping blanks."""
-    statements, buffer = [], ""
-    for piece in sql.split(";"):
-        buffer += piece + ";"
-        if sqlite3.complete_statement(buffer):
-            if buffer.strip(" \t\r\n;"):
-                statements.append(buffer.strip())
-            buffer = ""
-    if buffer.strip(" \t\r\n;"):
-        raise MigrationError(f"migration has an incomplete statement: {buffer.strip()[:80]!r}")
-    return statements
 
 
 def _secure_dir(directory: Path) -> None:
@@ -138,20 +72,52 @@ def _tighten(path: Path) -> None:
             os.chmod(path, 0o600)
 
 
-class Store:
-    """The shared database: a writer connection for transactions and single-statement writes, a
+class SqliteTx:
+    """A transaction on the writer (`common.store.base.Tx`)."""
+
+    engine = SQLITE
+
+    def __init__(self, conn: aiosqlite.Connection) -> None:
+        self._conn = conn
+
+    async def execute(self, sql: str, params: Sequence = ()) -> int:
+        async with self._conn.execute(sql, params) as cursor:
+            return cursor.rowcount
+
+    async def executemany(self, sql: str, rows: Iterable[Sequence]) -> None:
+        await self._conn.executemany(sql, rows)
+
+    async def insert(self, sql: str, params: Sequence = ()) -> int:
+        async with self._conn.execute(sql, params) as cursor:
+            return int(cursor.lastrowid)
+
+    async def fetchone(self, sql: str, params: Sequence = ()) -> sqlite3.Row | None:
+        async with self._conn.execute(sql, params) as cursor:
+            return await cursor.fetchone()
+
+    async def fetchall(self, sql: str, params: Sequence = ()) -> list[sqlite3.Row]:
+        async with self._conn.execute(sql, params) as cursor:
+            return list(await cursor.fetchall())
+
+
+class SqliteStore(Store):
+    """The shared database file: a writer connection for transactions and single-statement writes, a
     reader connection for queries (see the module docstring). Methods raise `StoreError` (one line,
     names the file, says what to do) when the file is damaged or stays locked."""
+
+    engine = SQLITE
 
     def __init__(self, path: Path, writer: aiosqlite.Connection, reader: aiosqlite.Connection,
                  clock: Callable[[], float], busy: Busy) -> None:
         self.path = path
+        self.where = str(path)
         self.db = writer  # the writer: only inside `transaction()`, or one autocommit statement
         self.reader = reader
         self._clock = clock
         self._busy = busy
         self._write_lock = asyncio.Lock()
         self._closed = False
+        self.read_only = False  # opened by a command that only reads (`common.store.readonly`)
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -184,8 +150,15 @@ class Store:
         problem = store_problem(self.path, exc)
         return StoreError(problem) if problem else exc
 
+    async def server_version(self) -> str:
+        """SQLite's library version, e.g. "SQLite 3.46.1"."""
+        return f"SQLite {sqlite3.sqlite_version}"
+
+    async def _on_retry(self, exc, attempt: int) -> None:  # SQLite's waits are inside `_retry`
+        raise exc
+
     @contextlib.asynccontextmanager
-    async def transaction(self) -> AsyncIterator[aiosqlite.Connection]:
+    async def transaction(self) -> AsyncIterator[SqliteTx]:
         """BEGIN IMMEDIATE … COMMIT (ROLLBACK on error) on the writer, one transaction of this
         process at a time. Everything read through the yielded connection is read under the write
         lock, so a read-then-write inside it is atomic across processes. Keep it short: no network,
@@ -195,7 +168,7 @@ class Store:
                 # Inside the try: a task cancelled while its BEGIN waits on the writer's thread still
                 # begins, and must still be rolled back.
                 await self._retry(lambda: self.db.execute("BEGIN IMMEDIATE"))
-                yield self.db
+                yield SqliteTx(self.db)
                 await self.db.execute("COMMIT")
             except BaseException as exc:
                 # Queued at once on the writer's thread, so it runs even if this task is cancelled
@@ -243,27 +216,10 @@ class Store:
         # open, and every other task's read would see the database as it was then, missing later commits.
         return await self.reader._execute(read, self.reader._conn, sql, params)
 
-    async def versions(self) -> dict[str, int]:
-        """The highest applied version of every package."""
-        rows = await self.fetchall("SELECT package, MAX(version) AS v FROM schema_migrations GROUP BY package")
-        return {row["package"]: row["v"] for row in rows}
-
     async def migrate(self, migrations: Iterable[Migration]) -> list[Migration]:
-        """Apply the migrations not yet recorded; returns those applied now. Safe to call again."""
-        applied: list[Migration] = []
-        for package, items in _check(migrations).items():
-            async with self.transaction() as db:
-                async with db.execute("SELECT MAX(version) FROM schema_migrations WHERE package = ?",
-                                      (package,)) as cursor:
-                    current = (await cursor.fetchone())[0] or 0
-                if current > len(items):
-                    raise newer_than_known(self.path, package, current, len(items))
-                for migration in items[current:]:
-                    for statement in split_statements(migration.sql):
-                        await db.execute(statement)
-                    await db.execute("INSERT INTO schema_migrations (package, version, applied_at) "
-                                     "VALUES (?, ?, ?)", (package, migration.version, self._clock()))
-                    applied.append(migration)
+        if self.read_only:  # checked when it was opened; a reading command never upgrades the schema
+            return []
+        applied = await super().migrate(migrations)
         self.tighten_modes()
         return applied
 
@@ -293,10 +249,12 @@ def _every(conn: sqlite3.Connection, sql: str, params: Sequence) -> list[sqlite3
         cursor.close()
 
 
-async def _connect(path: Path, busy: Busy) -> aiosqlite.Connection:
+async def _connect(path: Path | str, busy: Busy) -> aiosqlite.Connection:
     """An aiosqlite connection whose worker thread is a daemon: a store left open (a test that
-    failed, a crash on the way out) must not keep the interpreter alive waiting for it at exit."""
-    connection = aiosqlite.connect(path, isolation_level=None, timeout=busy.timeout_s)
+    failed, a crash on the way out) must not keep the interpreter alive waiting for it at exit. A
+    `file:` URI string opens with its parameters (`common.store.readonly`)."""
+    connection = aiosqlite.connect(path, isolation_level=None, timeout=busy.timeout_s,
+                                   uri=isinstance(path, str) and path.startswith("file:"))
     worker = getattr(connection, "_thread", None)  # aiosqlite starts it on first await, non-daemon
     if isinstance(worker, threading.Thread) and not worker.is_alive():
         worker.daemon = True
@@ -305,7 +263,7 @@ async def _connect(path: Path, busy: Busy) -> aiosqlite.Connection:
     return db
 
 
-async def _enter_wal(store: Store) -> str:
+async def _enter_wal(store: SqliteStore) -> str:
     """PRAGMA journal_mode=WAL, retried: SQLite answers a concurrent switch with SQLITE_BUSY at once,
     without calling the busy handler, when two processes create the database together."""
     async def switch() -> str:
@@ -316,25 +274,40 @@ async def _enter_wal(store: Store) -> str:
         return await store._retry(switch)
 
 
-async def open_store(home: Path, migrations: Iterable[Migration] = (), *,
-                     clock: Callable[[], float] = time.time, filename: str = DB_FILENAME,
-                     busy: Busy | None = None, create: bool = True) -> Store:
+async def open_sqlite(home: Path, migrations: Iterable[Migration] = (), *,
+                      clock: Callable[[], float] = time.time, filename: str = DB_FILENAME,
+                      busy: Busy | None = None, create: bool = True, read_only: bool = False) -> SqliteStore:
     """Open (creating, unless `create` is false) `home/filename` owner-only in WAL mode and apply
     `migrations`. Raises StoreError (one line) for a home or file that cannot hold the store, or that
     holds none when `create` is false (a command that only reads: a mistyped SWITCHBOARD_HOME must not
-    quietly become a new, empty store); deletes nothing."""
+    quietly become a new, empty store); deletes nothing. `read_only` (implies `create=False`): only
+    read, creating nothing beside the file, in a home this process may not be able to write
+    (`common.store.readonly`)."""
     home = Path(home).expanduser()
     path = home / filename
     busy = busy or Busy()
     from common.paths import home_problem  # the same line doctor prints
 
-    if problem := home_problem(home):
+    if problem := home_problem(home, writing=not read_only):
         raise StoreError(problem)
-    if not create and not path.exists():
+    if (read_only or not create) and not path.exists():
         raise StoreError(f"there is no store in {home}: nothing has been recorded there yet; check "
                          "SWITCHBOARD_HOME (switchboard run, listen and talk create it)")
     if problem := store_problem(path):
         raise StoreError(problem)
+    if read_only:
+        from common.store.readonly import open_read_only
+
+        async def reading(uri: str) -> Store:
+            connection = await _connect(uri, busy)
+            return SqliteStore(path, connection, connection, clock, busy)
+
+        try:
+            if (store := await open_read_only(path, migrations, reading)) is not None:
+                return store
+        except sqlite3.Error as exc:
+            raise StoreError(store_problem(path, exc) or f"cannot read {path}: {exc}; check SWITCHBOARD_HOME "
+                             "and its permissions") from None
     try:
         _secure_dir(home)
         _secure_file(path)
@@ -347,7 +320,7 @@ async def open_store(home: Path, migrations: Iterable[Migration] = (), *,
     except BaseException:
         await writer.close()
         raise
-    store = Store(path, writer, reader, clock, busy)
+    store = SqliteStore(path, writer, reader, clock, busy)
     try:
         # First: switching to WAL takes the write lock, and another process may be opening it too.
         mode = await _enter_wal(store)

@@ -12,6 +12,8 @@ import sqlite3
 import stat
 from pathlib import Path
 
+from common.redact import redact, scrub_secrets
+
 # SQLite's primary result codes (the low byte of an extended code)
 _BUSY, _LOCKED = 5, 6
 _PERM, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _AUTH, _NOTADB = 3, 8, 10, 11, 13, 14, 23, 26
@@ -80,3 +82,16 @@ def store_problem(path: Path, exc: BaseException | None = None) -> str | None:
     if code == _IOERR:
         return f"{path}: the disk reported an I/O error ({detail}): check the disk, then try again"
     return None
+
+
+def failure_line(exc: BaseException, url: str) -> str:
+    """The first line of a driver's error, without the URL's password in any form (or any other credential)."""
+    from urllib.parse import unquote, urlsplit
+
+    try:
+        password = urlsplit(url).password
+    except ValueError:  # a malformed port: the password may still be in the text
+        password = url.split("://", 1)[-1].rsplit("@", 1)[0].partition(":")[2] if "@" in url else None
+    text = str(exc).strip().splitlines()
+    line = " ".join(text[0].split())[:200] if text else type(exc).__name__
+    return redact(scrub_secrets(line, [password or "", unquote(password or "")]))

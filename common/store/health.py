@@ -1,7 +1,9 @@
 """`check_store`: is the store in SWITCHBOARD_HOME usable? For `doctor`, which must say so and go on.
 
-Read-only: the file is opened with `mode=ro`, checked with `PRAGMA quick_check`, and its schema
-versions compared with what this Switchboard knows. Nothing is created, migrated or repaired.
+Read-only: the file is opened without creating anything beside it (`common.store.readonly`), checked
+with `PRAGMA quick_check`, and its schema versions compared with what this Switchboard knows. Nothing
+is created, migrated or repaired. A store this user cannot write is a problem too: every command that
+records something would refuse it.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import sqlite3
 from collections.abc import Iterable
 from pathlib import Path
 
-from common.store.db import DB_FILENAME, Migration, newer_than_known
+from common.store.db import DB_FILENAME
+from common.store.dialect import Migration, newer_than_known
 from common.store.errors import damaged, store_problem
+from common.store.readonly import read_only_problem, read_uri
 
 
 def check_store(home: Path, migrations: Iterable[Migration] = (), *, filename: str = DB_FILENAME) -> str | None:
@@ -26,13 +30,13 @@ def check_store(home: Path, migrations: Iterable[Migration] = (), *, filename: s
         return problem
     if not path.exists() and not path.is_symlink():
         return None
-    if problem := store_problem(path):
+    if problem := store_problem(path) or read_only_problem(home, path):
         return problem
     known: dict[str, int] = {}
     for m in migrations:
         known[m.package] = max(known.get(m.package, 0), m.version)
     try:
-        with contextlib.closing(sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=5)) as db:
+        with contextlib.closing(sqlite3.connect(read_uri(path), uri=True, timeout=5)) as db:
             found = [row[0] for row in db.execute("PRAGMA quick_check(5)")]
             if found != ["ok"]:
                 return damaged(path, f"integrity check: {'; '.join(found)}")

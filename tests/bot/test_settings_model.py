@@ -226,3 +226,19 @@ def test_every_setting_is_documented_and_the_example_values_parse(tmp_path):
                                      and line[2:].split("=")[0] in ALL_VARIABLES))
     report = check_settings(read_variables(uncommented, environ={}))
     assert report.problems == () and report.ignored == ()
+
+
+def test_the_database_url_is_a_secret_postgresql_url_and_blank_keeps_sqlite():
+    from bot.services import database_url, process_secrets
+
+    url = "postgresql://switchboard:pa%24%24word@db.internal:5432/sb?sslmode=require&application_name=x"
+    settings = check_settings({"SWITCHBOARD_DATABASE_URL": url}).settings
+    assert database_url(settings) == url and "pa%24%24word" not in repr(settings)  # passed through whole
+    assert "pa$$word" in process_secrets(settings)  # scrubbed from whatever a run reports
+    assert database_url(check_settings({"SWITCHBOARD_DATABASE_URL": "postgres://h/db"}).settings) == "postgres://h/db"
+    assert database_url(check_settings({"SWITCHBOARD_DATABASE_URL": "  "}).settings) is None
+    assert database_url(check_settings({}).settings) is None
+    report = check_settings({"SWITCHBOARD_DATABASE_URL": "mysql://root:hunter2@db/sb"})
+    (problem,) = report.problems
+    assert problem.startswith("SWITCHBOARD_DATABASE_URL (value not shown): must be a postgresql:// or postgres://")
+    assert "hunter2" not in problem and "mysql" in problem

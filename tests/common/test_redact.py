@@ -37,6 +37,13 @@ SHAPES = [
     ("bearer alone", f"sent Bearer {OPAQUE} upstream"),
     ("env style", f"OPENAI_API_KEY={OPAQUE}"),
     ("password kv", f"password={OPAQUE}"),
+    ("database url", f"postgresql://switchboard:{OPAQUE}@db.example:5432/sb?sslmode=require"),
+    ("database url, postgres scheme", f"connecting to postgres://sb:{OPAQUE}@10.0.0.5/sb"),
+    ("database url, password only", f"postgresql://:{OPAQUE}@db.example/sb"),
+    ("database url, percent-encoded", f"postgresql://sb:{quote(OPAQUE + '@/:', safe='')}@db.example/sb"),
+    ("database url, password in the query", f"postgresql://db.example/sb?user=sb&password={OPAQUE}&sslmode=verify-full"),
+    ("libpq key/value", f"host=db.example port=5432 dbname=sb user=sb password={OPAQUE} sslmode=require"),
+    ("libpq key/value, quoted", f"host=db.example password='{OPAQUE}' dbname=sb"),
 ]
 
 

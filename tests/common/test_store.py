@@ -9,7 +9,7 @@ import stat
 import pytest
 
 from common.store import DB_FILENAME, Migration, MigrationError, open_store
-from common.store.db import split_statements
+from common.store.dialect import split_statements
 from runs import MIGRATIONS as RUNS_MIGRATIONS
 from tests.support.paths import ROOT
 from tests.support.store import damage

@@ -1,4 +1,4 @@
-"""The call archive on a real SQLite file: idempotent archiving, FTS5 search that cannot be steered
+"""The call archive on both engines (a real SQLite file, a real PostgreSQL database): idempotent archiving, FTS5 search that cannot be steered
 by the query's syntax, filters, pagination that never truncates silently, and the CLI over it."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from common.store import DB_FILENAME, open_store
 from listener.archive import SOURCE_TRUST, Archive, ArchiveError, fts_query
 from listener.model import user_label_for
 from tests.support.calls import call
+from tests.support.postgres import store_env
 
 DENTIST = call("call_1", ("TO", "Column's scheduling, this is Erica."),
                ("FROM", "Hi, I'd like to move my dentist appointment to Tuesday."),
@@ -27,8 +28,8 @@ PLUMBER = call("call_2", ("FROM", "Ares, add the plumber visit on Friday to my c
 
 
 @pytest.fixture
-async def archive(tmp_path):
-    store = await open_store(tmp_path, LISTENER_MIGRATIONS)
+async def archive(tmp_path, database_url):
+    store = await open_store(tmp_path, LISTENER_MIGRATIONS, database_url=database_url)
     calls = Archive(store)
     for transcript in (DENTIST, PLUMBER):
         await calls.archive(transcript, json.dumps({"conversation_id": transcript.conversation_id}),
@@ -38,12 +39,11 @@ async def archive(tmp_path):
     await store.close()
 
 
-async def test_a_replayed_call_is_not_archived_twice(archive, tmp_path):
+async def test_a_replayed_call_is_not_archived_twice(archive):
     again = await archive.archive(DENTIST, "{}", received_at=1.0, user_label="TO")
     assert again.created is False
-    with sqlite3.connect(tmp_path / DB_FILENAME) as db:
-        assert db.execute("SELECT COUNT(*) FROM transcripts").fetchone()[0] == 2
-        assert db.execute("SELECT COUNT(*) FROM transcript_turns").fetchone()[0] == 5
+    assert (await archive.db.fetchone("SELECT COUNT(*) FROM transcripts"))[0] == 2
+    assert (await archive.db.fetchone("SELECT COUNT(*) FROM transcript_turns"))[0] == 5
 
 
 async def test_search_finds_turns_with_all_the_words_and_marks_them_untrusted(archive):
@@ -105,8 +105,8 @@ def parse(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["transcripts", *argv])
 
 
-async def test_the_cli_searches_and_shows_with_json_and_says_what_to_do(archive, tmp_path):
-    settings = check_settings({"SWITCHBOARD_HOME": str(tmp_path)}).settings
+async def test_the_cli_searches_and_shows_with_json_and_says_what_to_do(archive, tmp_path, database_url):
+    settings = check_settings(store_env(tmp_path, database_url)).settings
     out, err = io.StringIO(), io.StringIO()
     assert await main(parse("search", "plumber", "--json"), settings, out=out, err=err) == 0
     data = json.loads(out.getvalue())
@@ -130,6 +130,8 @@ async def test_the_cli_searches_and_shows_with_json_and_says_what_to_do(archive,
 
 async def test_the_full_text_index_matches_the_turns_after_archiving_editing_and_deleting(archive, tmp_path):
     def integrity() -> None:  # FTS5 raises "database disk image is malformed" when the index disagrees
+        if archive.db.engine != "sqlite":
+            return  # PostgreSQL's index is a generated column: it cannot disagree
         with sqlite3.connect(tmp_path / DB_FILENAME) as db:
             db.execute("INSERT INTO transcript_turns_fts (transcript_turns_fts, rank) VALUES ('integrity-check', 1)")
 
@@ -165,3 +167,36 @@ async def test_transcript_search_is_a_read_only_voice_tool_for_whoever_may_read_
 async def test_an_id_that_is_not_one_is_a_clear_miss_not_a_crash(archive, ref):
     with pytest.raises(ArchiveError, match="no archived call"):
         await archive.show(ref)
+
+
+MATCHING = call("call_m", ("TO", "José called about order 48213 and the e-mail from example.com at 3.5 pm; call 555-1234"),
+                ("FROM", "To be or not to be, that is the question. Crème brûlée at the café."),
+                ("TO", "Order 482130 please"))
+
+
+@pytest.mark.parametrize(("query", "turns"), [
+    ("Jose", [0]), ("JOSÉ", [0]), ("creme brulee cafe", [1]),  # accents and case are folded
+    ("48213", [0]), ("482130", [2]), ("4821", []),  # a number matches whole, never a prefix or a longer one
+    ("to be or not to be", [1]), ("that is the", [1]),  # stop-words are words like any other
+    ("example", [0]), ("com", [0]), ("3", [0]), ("1234", [0]), ("e-mail", [0]),  # punctuation splits words
+    ("question brûlée", [1]), ("order please", [2]), ("José question", [])])  # every word, in one turn
+async def test_search_matches_alike_on_both_engines(tmp_path, database_url, query, turns):
+    store = await open_store(tmp_path, LISTENER_MIGRATIONS, database_url=database_url)
+    try:
+        calls = Archive(store)
+        await calls.archive(MATCHING, "{}", received_at=1.0, user_label="FROM")
+        assert sorted(r["turn_index"] for r in (await calls.search(query))["results"]) == turns
+    finally:
+        await store.close()
+
+
+async def test_search_ranks_the_turn_that_says_it_most_first(tmp_path, database_url):
+    store = await open_store(tmp_path, LISTENER_MIGRATIONS, database_url=database_url)
+    try:
+        calls = Archive(store)
+        await calls.archive(call("call_r", ("TO", "The plumber came by on a long and tiring afternoon at the office"),
+                                 ("FROM", "plumber, plumber, plumber!"), ("TO", "No, the electrician")), "{}",
+                            received_at=1.0, user_label="FROM")
+        assert [r["turn_index"] for r in (await calls.search("plumber"))["results"]] == [1, 0]
+    finally:
+        await store.close()

@@ -24,8 +24,8 @@ NOW = 1_750_000_000.0
 
 
 @pytest.fixture
-async def store(tmp_path):
-    store = await open_store(tmp_path, LISTENER_MIGRATIONS)
+async def store(tmp_path, database_url):
+    store = await open_store(tmp_path, LISTENER_MIGRATIONS, database_url=database_url)
     yield store
     await store.close()
 
@@ -204,10 +204,10 @@ async def test_a_redelivered_call_never_runs_a_callback_registered_after_it_arri
     assert [j.label for j in jobs.started] == ["Early"] and replay["job_ids"] == first["job_ids"]
 
 
-async def test_two_stores_changing_one_callback_at_once_keep_both_changes_and_both_succeed(tmp_path):
+async def test_two_stores_changing_one_callback_at_once_keep_both_changes_and_both_succeed(tmp_path, database_url):
     import asyncio
 
-    first, second = await open_store(tmp_path, LISTENER_MIGRATIONS), await open_store(tmp_path, LISTENER_MIGRATIONS)
+    first, second = await open_store(tmp_path, LISTENER_MIGRATIONS, database_url=database_url), await open_store(tmp_path, LISTENER_MIGRATIONS, database_url=database_url)
     try:
         a, b = Callbacks(first), Callbacks(second)
         cb = await a.register("book-it", "Book it", "add the call to my calendar")

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from bot.services import STORE_MIGRATIONS
-from common.store import open_store
-from listener.ledger import ExecutionLedger, process_alive, process_owner
+from common.store import open_store, process_session
+from listener.ledger import STALE_CLAIM_S, ExecutionLedger, process_alive, process_owner
 from runs.repository import RunRepository
 from tests.support.paths import SUPPORT
 
@@ -23,10 +23,10 @@ KEY = '["command","call_1","turn",0]'
 NOW = 1_750_000_000.0
 
 
-async def seeded(home: Path, *, slot: str | None = None, run_state: str | None = None):
+async def seeded(home: Path, *, slot: str | None = None, run_state: str | None = None, database_url: str | None = None):
     """A store with call_1 archived; `slot`: its command slot's state left by an earlier attempt;
     `run_state`: run 1 in that state."""
-    store = await open_store(home, STORE_MIGRATIONS)
+    store = await open_store(home, STORE_MIGRATIONS, database_url=database_url)
     await store.execute("INSERT INTO transcripts (id, conversation_id, raw, received_at) VALUES (1, 'call_1', '', ?)",
                         (NOW,))
     if slot is not None:
@@ -43,8 +43,8 @@ def claim(ledger: ExecutionLedger):
 
 
 @pytest.mark.parametrize("slot", [None, "error"])
-async def test_two_tasks_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot):
-    store = await seeded(tmp_path, slot=slot)
+async def test_two_tasks_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot, database_url):
+    store = await seeded(tmp_path, slot=slot, database_url=database_url)
     try:
         ledger = ExecutionLedger(store, owner=process_owner(), clock=lambda: NOW)
         first, second = await asyncio.gather(claim(ledger), claim(ledger))
@@ -59,10 +59,10 @@ async def test_two_tasks_claiming_one_slot_at_once_give_exactly_one_winner(tmp_p
 
 
 @pytest.mark.parametrize("slot", [None, "error"])
-async def test_two_connections_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot):
+async def test_two_connections_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot, database_url):
     """Two stores (two connections each, as two processes have) and two owners that are both alive."""
-    store = await seeded(tmp_path, slot=slot)
-    other = await open_store(tmp_path, STORE_MIGRATIONS)
+    store = await seeded(tmp_path, slot=slot, database_url=database_url)
+    other = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)
     try:
         one = ExecutionLedger(store, owner="host-a:1:?:a", alive=lambda owner: True, clock=lambda: NOW)
         two = ExecutionLedger(other, owner="host-b:2:?:b", alive=lambda owner: True, clock=lambda: NOW)
@@ -75,8 +75,8 @@ async def test_two_connections_claiming_one_slot_at_once_give_exactly_one_winner
         await store.close()
 
 
-async def test_a_claim_left_by_an_owner_that_is_gone_is_taken_again_and_a_live_ones_is_not(tmp_path):
-    store = await seeded(tmp_path)
+async def test_a_claim_left_by_an_owner_that_is_gone_is_taken_again_and_a_live_ones_is_not(tmp_path, database_url):
+    store = await seeded(tmp_path, database_url=database_url)
     try:
         gone = {"host-a:1:?:a"}
         crashed = ExecutionLedger(store, owner="host-a:1:?:a", clock=lambda: NOW)
@@ -93,6 +93,50 @@ async def test_a_claim_left_by_an_owner_that_is_gone_is_taken_again_and_a_live_o
         await store.close()
 
 
+async def test_another_hosts_claim_is_held_while_its_process_is_connected_to_the_shared_store(tmp_path,
+                                                                                              database_url):
+    """PostgreSQL: a process on another host is alive while it holds a session on the server (its connections
+    carry `process_session(owner)`), and its claim is then not taken; once it is gone, it is. SQLite is never
+    shared across hosts: another host's owner there counts as gone at once."""
+    store = await seeded(tmp_path, database_url=database_url)
+    other_host = "host-elsewhere:4242:777:beef"
+    session = None
+    try:
+        if database_url:
+            import psycopg
+
+            session = await psycopg.AsyncConnection.connect(database_url, application_name=process_session(other_host))
+        assert (await claim(ExecutionLedger(store, owner=other_host, clock=lambda: NOW))).won
+        here = ExecutionLedger(store, owner=process_owner(), clock=lambda: NOW + 60)  # the default `alive`
+        found = await claim(here)
+        assert found.won is (database_url is None)
+        if database_url:
+            assert found.holder == other_host
+            await session.close()  # the other host's process ends (or its host is cut off)
+            async with asyncio.timeout(30):  # its backend leaves the server a moment after the socket closes
+                while process_session(other_host) in await store.sessions():
+                    await asyncio.sleep(0.02)
+            assert (await claim(here)).won
+    finally:
+        if session is not None:
+            await session.close()
+        await store.close()
+
+
+async def test_claims_are_stamped_with_the_stores_clock_unless_one_is_injected(tmp_path, database_url):
+    store = await seeded(tmp_path, database_url=database_url)
+    try:
+        assert (await claim(ExecutionLedger(store, owner=process_owner()))).won
+        (claimed_at,) = (await store.fetchone("SELECT claimed_at FROM listener_jobs"))
+        after = await store.now()
+        assert after - STALE_CLAIM_S < claimed_at <= after  # the store's clock, not the seeded 2025 one
+        if database_url:  # ... which on PostgreSQL is the server's
+            (server,) = await store.fetchone("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8")
+            assert after <= server
+    finally:
+        await store.close()
+
+
 def test_a_process_owner_is_alive_exactly_while_its_process_runs():
     import subprocess
 
@@ -104,9 +148,10 @@ def test_a_process_owner_is_alive_exactly_while_its_process_runs():
     assert not process_alive("another-host:1:?:x") and not process_alive("garbage")
 
 
-async def claims_in_processes(home: Path, what: str, count: int) -> list[dict]:
+async def claims_in_processes(home: Path, what: str, count: int, database_url: str | None) -> list[dict]:
     """`count` processes make the same claim at the same moment; their answers, once all answered."""
     procs = [await asyncio.create_subprocess_exec(sys.executable, HELPER, str(home), what,
+                                                  *([database_url] if database_url else []),
                                                   stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
              for _ in range(count)]
     try:
@@ -129,23 +174,23 @@ async def claims_in_processes(home: Path, what: str, count: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("slot", [None, "error"])
-async def test_processes_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot):
-    store = await seeded(tmp_path, slot=slot)
+async def test_processes_claiming_one_slot_at_once_give_exactly_one_winner(tmp_path, slot, database_url):
+    store = await seeded(tmp_path, slot=slot, database_url=database_url)
     await store.close()
-    answers = await claims_in_processes(tmp_path, "job", 2)
+    answers = await claims_in_processes(tmp_path, "job", 2, database_url)
     assert [a["won"] for a in answers].count(True) == 1, answers
     assert all(a["holder"] for a in answers if not a["won"])  # the loser saw the winner, alive
 
 
-async def test_processes_claiming_one_run_delivery_at_once_give_exactly_one_winner(tmp_path):
-    store = await seeded(tmp_path, run_state="completed")
+async def test_processes_claiming_one_run_delivery_at_once_give_exactly_one_winner(tmp_path, database_url):
+    store = await seeded(tmp_path, run_state="completed", database_url=database_url)
     await store.close()
-    answers = await claims_in_processes(tmp_path, "delivery", 2)
+    answers = await claims_in_processes(tmp_path, "delivery", 2, database_url)
     assert [a["won"] for a in answers].count(True) == 1, answers
 
 
-async def test_tasks_and_processes_recording_a_run_under_one_intent_record_one_run(tmp_path):
-    store = await seeded(tmp_path)
+async def test_tasks_and_processes_recording_a_run_under_one_intent_record_one_run(tmp_path, database_url):
+    store = await seeded(tmp_path, database_url=database_url)
     try:
         repo = RunRepository(store)
         made = await asyncio.gather(*(repo.create_once(lane="command", task="t", requester_id=None, owner="o",
@@ -153,9 +198,9 @@ async def test_tasks_and_processes_recording_a_run_under_one_intent_record_one_r
         assert [created for _, created in made].count(True) == 1 and len({t.id for t, _ in made}) == 1
     finally:
         await store.close()
-    answers = await claims_in_processes(tmp_path, "create", 2)
+    answers = await claims_in_processes(tmp_path, "create", 2, database_url)
     assert [a["won"] for a in answers].count(True) == 1 and len({a["run"] for a in answers}) == 1, answers
-    store = await open_store(tmp_path, STORE_MIGRATIONS)
+    store = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)
     try:
         assert (await store.fetchone("SELECT COUNT(*) FROM runs"))[0] == 2
     finally:

@@ -221,8 +221,8 @@ async def test_a_model_that_never_answers_times_out():
             await extractor.aclose()
 
 
-async def test_facts_are_stored_with_provenance_searchable_and_become_the_memory_block(tmp_path):
-    store = await open_store(tmp_path, LISTENER_MIGRATIONS)
+async def test_facts_are_stored_with_provenance_searchable_and_become_the_memory_block(tmp_path, database_url):
+    store = await open_store(tmp_path, LISTENER_MIGRATIONS, database_url=database_url)
     try:
         archived = await Archive(store).archive(CALL, "raw", received_at=1.0, user_label=USER)
         memory = Memory(store, clock=lambda: 2.0)

@@ -88,8 +88,8 @@ class Notifier:
 
 
 @pytest.fixture
-async def archive(tmp_path):
-    store = await open_store(tmp_path, LISTENER_MIGRATIONS)
+async def archive(tmp_path, database_url):
+    store = await open_store(tmp_path, LISTENER_MIGRATIONS, database_url=database_url)
     yield Archive(store)
     await store.close()
 
@@ -393,11 +393,12 @@ class Runs:
         return f"run-{ticket.id}"
 
 
-async def crash_mid_start(home, when: str) -> None:
+async def crash_mid_start(home, when: str, database_url: str | None) -> None:
     import asyncio
     import sys
 
     proc = await asyncio.create_subprocess_exec(sys.executable, CRASHING, str(home), when,
+                                                *([database_url] if database_url else []),
                                                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
     try:
         out, _ = await asyncio.wait_for(proc.communicate(), 60)
@@ -408,11 +409,11 @@ async def crash_mid_start(home, when: str) -> None:
     assert proc.returncode == 9, out.decode()[-2000:]  # it died inside start_job
 
 
-async def test_a_job_a_crashed_process_claimed_but_never_started_is_started_by_the_next_delivery(tmp_path):
+async def test_a_job_a_crashed_process_claimed_but_never_started_is_started_by_the_next_delivery(tmp_path, database_url):
     from bot.services import STORE_MIGRATIONS
 
-    await crash_mid_start(tmp_path, "before-run")
-    store = await open_store(tmp_path, STORE_MIGRATIONS)
+    await crash_mid_start(tmp_path, "before-run", database_url)
+    store = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)
     try:
         runs = Runs(store)
         ack = await TranscriptPipeline(Archive(store), download=None, jobs=runs, agent_name="Ares").handle(CRASH_EVENT)
@@ -423,11 +424,11 @@ async def test_a_job_a_crashed_process_claimed_but_never_started_is_started_by_t
         await store.close()
 
 
-async def test_a_job_whose_run_was_recorded_just_before_a_crash_is_not_started_again(tmp_path):
+async def test_a_job_whose_run_was_recorded_just_before_a_crash_is_not_started_again(tmp_path, database_url):
     from bot.services import STORE_MIGRATIONS
 
-    await crash_mid_start(tmp_path, "after-run")
-    store = await open_store(tmp_path, STORE_MIGRATIONS)
+    await crash_mid_start(tmp_path, "after-run", database_url)
+    store = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)
     try:
         runs = Runs(store)
         ack = await TranscriptPipeline(Archive(store), download=None, jobs=runs, agent_name="Ares").handle(CRASH_EVENT)
@@ -452,6 +453,7 @@ async def test_a_delivery_waits_for_the_job_another_process_is_starting_and_acks
         polls.append(seconds)
         if len(polls) == 3:
             release.set()
+            await asyncio.wait({first})  # however long its start takes (a real server's round trips)
         await asyncio.sleep(0)
 
     entered, polls, starter = asyncio.Event(), [], Slow()
@@ -497,11 +499,11 @@ async def test_an_ack_never_says_success_for_a_job_another_process_is_still_star
     assert retry["success"] is True and len(jobs.started) == 2 and len(retry["job_ids"]) == 2
 
 
-async def test_a_job_a_crash_left_without_a_run_is_started_when_the_listener_starts_with_no_delivery(tmp_path):
+async def test_a_job_a_crash_left_without_a_run_is_started_when_the_listener_starts_with_no_delivery(tmp_path, database_url):
     from bot.services import STORE_MIGRATIONS
 
-    await crash_mid_start(tmp_path, "before-run")
-    store = await open_store(tmp_path, STORE_MIGRATIONS)
+    await crash_mid_start(tmp_path, "before-run", database_url)
+    store = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)
     try:
         runs = Runs(store)
         restarted = TranscriptPipeline(Archive(store), download=None, jobs=runs, agent_name="Ares")
@@ -511,7 +513,7 @@ async def test_a_job_a_crash_left_without_a_run_is_started_when_the_listener_sta
         await store.close()
 
 
-async def test_the_runs_service_records_one_run_for_a_job_however_often_and_wherever_it_is_started(tmp_path):
+async def test_the_runs_service_records_one_run_for_a_job_however_often_and_wherever_it_is_started(tmp_path, database_url):
     """The listener's job starter over the real runs service: asked again under the job's intent —
     by a retry in this process, or by another process at the same moment — it answers with the run
     it recorded first and starts nothing else."""
@@ -523,7 +525,7 @@ async def test_the_runs_service_records_one_run_for_a_job_however_often_and_wher
     from runs import RunsConfig, RunService
 
     config = RunsConfig(lanes=("command",), command=("echo", "{task}"))
-    stores = [await open_store(tmp_path, STORE_MIGRATIONS) for _ in range(2)]  # two processes' connections
+    stores = [await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url) for _ in range(2)]  # two processes' connections
     services = [RunService(store, config) for store in stores]
     job = Job("command", '["call_1","index",0,0]', "book it", "Book the plumber.", "(the call)", "")
     try:

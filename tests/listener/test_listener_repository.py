@@ -37,7 +37,7 @@ print(json.dumps(found))
 
 def listener_tables() -> list[str]:
     """Every table the listener's migrations create (FTS5 indexes included)."""
-    return sorted({name for _, _, sql in MIGRATIONS
+    return sorted({name for m in MIGRATIONS for sql in (m.sql, m.sqlite, m.postgresql)
                    for name in re.findall(r"CREATE\s+(?:VIRTUAL\s+)?TABLE\s+(\w+)", sql, re.IGNORECASE)})
 
 

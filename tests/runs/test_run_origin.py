@@ -6,13 +6,14 @@ from common.store import open_store
 from runs import MIGRATIONS, RunState
 from runs.repository import RunRepository
 from tests.support.runs import agent_command, harness
+from tests.support.store import index_names
 
 CALL = "call-17"
 OTHER = "call-18"
 
 
-async def test_runs_are_listed_per_origin_oldest_first_and_other_calls_runs_are_not(tmp_path):
-    async with harness(tmp_path, lanes=("command",), command=agent_command("answer")) as h:
+async def test_runs_are_listed_per_origin_oldest_first_and_other_calls_runs_are_not(tmp_path, database_url):
+    async with harness(tmp_path, lanes=("command",), command=agent_command("answer"), database_url=database_url) as h:
         first = await h.service.delegate("summarise the logs", 4242, origin=CALL)
         other = await h.service.delegate("draft the notes", 4242, origin=OTHER)
         loose = await h.service.delegate("tidy up", 4242)
@@ -30,8 +31,8 @@ async def test_runs_are_listed_per_origin_oldest_first_and_other_calls_runs_are_
         assert await h.service.tickets_of("") == [] and await h.service.tickets_of("   ") == []
 
 
-async def test_a_run_delegated_without_an_origin_has_none_and_belongs_to_no_call(tmp_path):
-    async with harness(tmp_path, lanes=("command",), command=agent_command("answer")) as h:
+async def test_a_run_delegated_without_an_origin_has_none_and_belongs_to_no_call(tmp_path, database_url):
+    async with harness(tmp_path, lanes=("command",), command=agent_command("answer"), database_url=database_url) as h:
         plain = await h.service.delegate("summarise the logs", 4242)
         blank = await h.service.delegate("and again", 4242, origin="  ")
         assert plain.summary.startswith("run 1 is starting on command")
@@ -43,8 +44,8 @@ async def test_a_run_delegated_without_an_origin_has_none_and_belongs_to_no_call
         assert [r["origin"] for r in rows] == [None, None]
 
 
-async def test_a_retry_under_the_same_idempotency_key_keeps_the_first_origin(tmp_path):
-    async with harness(tmp_path, lanes=("command",), command=agent_command("answer")) as h:
+async def test_a_retry_under_the_same_idempotency_key_keeps_the_first_origin(tmp_path, database_url):
+    async with harness(tmp_path, lanes=("command",), command=agent_command("answer"), database_url=database_url) as h:
         first = await h.service.delegate("summarise the logs", idempotency_key="k1", origin=CALL)
         again = await h.service.delegate("summarise the logs", idempotency_key="k1", origin=OTHER)
         assert again.already and again.run == first.run
@@ -53,9 +54,9 @@ async def test_a_retry_under_the_same_idempotency_key_keeps_the_first_origin(tmp
         assert await h.service.tickets_of(OTHER) == []
 
 
-async def test_the_origin_migration_upgrades_a_store_made_by_the_previous_schema_and_keeps_its_runs(tmp_path):
+async def test_the_origin_migration_upgrades_a_store_made_by_the_previous_schema_and_keeps_its_runs(tmp_path, database_url):
     home = tmp_path / "home"
-    old = await open_store(home, MIGRATIONS[:1])
+    old = await open_store(home, MIGRATIONS[:1], database_url=database_url)
     try:
         assert await old.versions() == {"runs": 1}
         await old.execute("INSERT INTO runs (lane, task, state, requester_id, owner, idempotency_key, output, "
@@ -64,11 +65,10 @@ async def test_the_origin_migration_upgrades_a_store_made_by_the_previous_schema
     finally:
         await old.close()
 
-    store = await open_store(home, MIGRATIONS)
+    store = await open_store(home, MIGRATIONS, database_url=database_url)
     try:
         assert await store.versions() == {"runs": 2}
-        indexes = await store.fetchall("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'runs'")
-        assert "runs_by_origin" in {r[0] for r in indexes}
+        assert "runs_by_origin" in await index_names(store, "runs")
         repo = RunRepository(store)
         kept = await repo.get(1)
         assert kept is not None and kept.task == "before the upgrade" and kept.output == "it worked"

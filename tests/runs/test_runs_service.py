@@ -7,12 +7,10 @@ import asyncio
 import os
 import shutil
 import signal
-import sqlite3
 
 import pytest
 
 from common.redact import encoded_forms
-from common.store import DB_FILENAME
 from runs import (
     Delivery,
     Refused,
@@ -36,20 +34,21 @@ from tests.support.runs import (
     harness,
     read_fifo,
 )
+from tests.support.store import read_elsewhere
 
 # -- delegating ------------------------------------------------------------------------------------
 
-async def test_delegate_answers_before_a_slow_lane_accepts_and_the_ticket_is_committed_first(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+async def test_delegate_answers_before_a_slow_lane_accepts_and_the_ticket_is_committed_first(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         gate = fake.hold_submissions()
         receipt = await h.service.delegate("audit the auth module", requester_id=111)
         assert receipt.summary.startswith("run 1 is starting on hermes-api")
         assert receipt.state is RunState.STARTING
         await asyncio.wait_for(fake.submission_held.wait(), SAFETY_S)
         # the lane is being asked right now: the ticket is already on disk, as another process sees it
-        with sqlite3.connect(tmp_path / "home" / DB_FILENAME) as other:
-            row = other.execute("SELECT state, lane, requester_id, idempotency_key FROM runs").fetchone()
-        assert row[:3] == ("starting", "hermes-api", 111)
+        (row,) = await read_elsewhere(tmp_path / "home", database_url,
+                                      "SELECT state, lane, requester_id, idempotency_key FROM runs")
+        assert tuple(row[:3]) == ("starting", "hermes-api", 111)
         assert fake.requests[-1]["idempotency_key"] == row[3]
         assert (await h.service.check(1)).ticket.state is RunState.STARTING
         gate.set()
@@ -58,8 +57,8 @@ async def test_delegate_answers_before_a_slow_lane_accepts_and_the_ticket_is_com
         fake.assert_clean()
 
 
-async def test_a_finished_run_is_announced_in_every_call_posted_and_delivered_once(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+async def test_a_finished_run_is_announced_in_every_call_posted_and_delivered_once(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         second = RecordingCall()
         detach = h.service.attach(second)
         await h.service.delegate("audit the auth module")
@@ -83,8 +82,8 @@ async def test_a_finished_run_is_announced_in_every_call_posted_and_delivered_on
         fake.assert_clean()
 
 
-async def test_a_run_whose_call_ended_is_still_posted_and_stays_visible_in_check_work(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, attach=False) as h:
+async def test_a_run_whose_call_ended_is_still_posted_and_stays_visible_in_check_work(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, attach=False, database_url=database_url) as h:
         gone = RecordingCall(spoken=False)  # the call ended before it could speak
         h.service.attach(gone)
         await h.service.delegate("summarise the changelog")
@@ -98,8 +97,8 @@ async def test_a_run_whose_call_ended_is_still_posted_and_stays_visible_in_check
         assert detail.ticket.output == "v2 adds retries" and detail.ticket.state is RunState.COMPLETED
 
 
-async def test_every_fall_through_is_said_out_loud(tmp_path):
-    async with harness(tmp_path) as h:  # nothing listens on the hermes-api address
+async def test_every_fall_through_is_said_out_loud(tmp_path, database_url):
+    async with harness(tmp_path, database_url=database_url) as h:  # nothing listens on the hermes-api address
         receipt = await h.service.delegate("tidy the README")
         assert receipt.summary.startswith("hermes-api is not running, so run 1 is starting on the command lane")
         assert "API_SERVER_ENABLED=true" in receipt.skipped[0]
@@ -107,16 +106,16 @@ async def test_every_fall_through_is_said_out_loud(tmp_path):
         assert done.lane == "command" and done.output.strip() == "answer: tidy the README"
 
 
-async def test_a_rejected_key_is_said_as_such_when_falling_through(tmp_path):
-    async with FakeHermes(key="the-real-key") as fake, harness(tmp_path, fake=fake) as h:
+async def test_a_rejected_key_is_said_as_such_when_falling_through(tmp_path, database_url):
+    async with FakeHermes(key="the-real-key") as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         fake.expect_violation()
         receipt = await h.service.delegate("tidy the README")
         assert receipt.summary.startswith("hermes-api is running but rejected my key, so run 1")
         fake.assert_clean()
 
 
-async def test_no_lane_available_is_a_refusal_naming_each_lane_and_how_to_enable_it(tmp_path):
-    async with harness(tmp_path, command=("no-such-agent-binary-xyz", "-z", "{task}")) as h:
+async def test_no_lane_available_is_a_refusal_naming_each_lane_and_how_to_enable_it(tmp_path, database_url):
+    async with harness(tmp_path, command=("no-such-agent-binary-xyz", "-z", "{task}"), database_url=database_url) as h:
         refusal = await h.service.delegate("do things")
         assert isinstance(refusal, Refused) and "nothing was started" in refusal.reason
         assert "hermes-api: hermes-api is not running" in refusal.reason
@@ -126,16 +125,16 @@ async def test_no_lane_available_is_a_refusal_naming_each_lane_and_how_to_enable
         assert await h.service.tickets() == []
 
 
-async def test_an_empty_task_is_refused_without_a_ticket(tmp_path):
-    async with harness(tmp_path) as h:
+async def test_an_empty_task_is_refused_without_a_ticket(tmp_path, database_url):
+    async with harness(tmp_path, database_url=database_url) as h:
         assert isinstance(await h.service.delegate("   "), Refused)
         assert await h.service.tickets() == []
 
 
 # -- approvals -------------------------------------------------------------------------------------
 
-async def test_an_approval_question_is_spoken_and_answered_for_the_session(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+async def test_an_approval_question_is_spoken_and_answered_for_the_session(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         await h.service.delegate("clean the build directory")
         run = await accepted(h, 1)
         await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
@@ -155,8 +154,8 @@ async def test_an_approval_question_is_spoken_and_answered_for_the_session(tmp_p
         fake.assert_clean()
 
 
-async def test_an_unanswered_question_is_denied_when_its_time_is_up(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, approval_timeout_s=90) as h:
+async def test_an_unanswered_question_is_denied_when_its_time_is_up(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, approval_timeout_s=90, database_url=database_url) as h:
         await h.service.delegate("deploy the site")
         run = await accepted(h, 1)
         await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
@@ -173,8 +172,8 @@ async def test_an_unanswered_question_is_denied_when_its_time_is_up(tmp_path):
         fake.assert_clean()
 
 
-async def test_a_choice_the_question_does_not_offer_is_refused(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+async def test_a_choice_the_question_does_not_offer_is_refused(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         await h.service.delegate("deploy the site")
         run = await accepted(h, 1)
         await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
@@ -186,8 +185,8 @@ async def test_a_choice_the_question_does_not_offer_is_refused(tmp_path):
 
 # -- steering --------------------------------------------------------------------------------------
 
-async def test_a_note_is_queued_then_landed_only_when_the_lane_shows_it_consumed(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+async def test_a_note_is_queued_then_landed_only_when_the_lane_shows_it_consumed(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         await h.service.delegate("audit the auth module")
         run = await accepted(h, 1)
         await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
@@ -210,8 +209,8 @@ async def test_a_note_is_queued_then_landed_only_when_the_lane_shows_it_consumed
         fake.assert_clean()
 
 
-async def test_a_note_never_shown_consumed_is_unconfirmed_when_the_run_completes(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+async def test_a_note_never_shown_consumed_is_unconfirmed_when_the_run_completes(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         await h.service.delegate("audit the auth module")
         run = await accepted(h, 1)
         await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
@@ -223,8 +222,8 @@ async def test_a_note_never_shown_consumed_is_unconfirmed_when_the_run_completes
         assert "without any proof" in (await h.service.check(1)).view()["notes"][0]["meaning"]
 
 
-async def test_stopping_supersedes_queued_notes_and_the_run_ends_cancelled(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+async def test_stopping_supersedes_queued_notes_and_the_run_ends_cancelled(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         await h.service.delegate("audit the auth module")
         run = await accepted(h, 1)
         await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
@@ -241,8 +240,8 @@ async def test_stopping_supersedes_queued_notes_and_the_run_ends_cancelled(tmp_p
         fake.assert_clean()
 
 
-async def test_a_stop_before_the_lane_accepted_is_carried_out_when_it_does(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+async def test_a_stop_before_the_lane_accepted_is_carried_out_when_it_does(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         gate = fake.hold_submissions()
         await h.service.delegate("audit the auth module")
         await asyncio.wait_for(fake.submission_held.wait(), SAFETY_S)
@@ -254,10 +253,10 @@ async def test_a_stop_before_the_lane_accepted_is_carried_out_when_it_does(tmp_p
         assert any(r["path"].endswith("/stop") for r in fake.requests)
 
 
-async def test_command_runs_cannot_take_notes_but_can_be_stopped_with_their_process_group(tmp_path):
+async def test_command_runs_cannot_take_notes_but_can_be_stopped_with_their_process_group(tmp_path, database_url):
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
-    async with harness(tmp_path, lanes=("command",), command=agent_command("hang", "--ready", str(fifo))) as h:
+    async with harness(tmp_path, lanes=("command",), command=agent_command("hang", "--ready", str(fifo)), database_url=database_url) as h:
         await h.service.delegate("watch the logs")
         leader, child = (int(p) for p in (await read_fifo(fifo)).split())
         watches = [ProcessWatch(leader), ProcessWatch(child)]
@@ -273,11 +272,11 @@ async def test_command_runs_cannot_take_notes_but_can_be_stopped_with_their_proc
             await watch.exited()
 
 
-async def test_list_agents_marks_what_can_be_steered(tmp_path):
+async def test_list_agents_marks_what_can_be_steered(tmp_path, database_url):
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
     async with FakeHermes(key=KEY) as fake, harness(
-            tmp_path, fake=fake, command=agent_command("hang", "--ready", str(fifo))) as h:
+            tmp_path, fake=fake, command=agent_command("hang", "--ready", str(fifo)), database_url=database_url) as h:
         await h.service.delegate("audit the auth module")
         api_run = await accepted(h, 1)
         h.service.config = RunsConfig(lanes=("command",), command=h.service.config.command)
@@ -295,11 +294,11 @@ async def test_list_agents_marks_what_can_be_steered(tmp_path):
         assert (await h.service.list_agents()).runs == ()
 
 
-async def test_a_run_past_its_budget_is_stopped_and_failed(tmp_path):
+async def test_a_run_past_its_budget_is_stopped_and_failed(tmp_path, database_url):
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
     async with harness(tmp_path, lanes=("command",), timeout_s=1800,
-                       command=agent_command("hang", "--ready", str(fifo))) as h:
+                       command=agent_command("hang", "--ready", str(fifo)), database_url=database_url) as h:
         await h.service.delegate("watch the logs")
         leader, _ = (int(p) for p in (await read_fifo(fifo)).split())
         watch = ProcessWatch(leader)
@@ -312,8 +311,8 @@ async def test_a_run_past_its_budget_is_stopped_and_failed(tmp_path):
         await watch.exited()
 
 
-async def test_a_failing_command_reports_its_error(tmp_path):
-    async with harness(tmp_path, lanes=("command",), command=agent_command("fail")) as h:
+async def test_a_failing_command_reports_its_error(tmp_path, database_url):
+    async with harness(tmp_path, lanes=("command",), command=agent_command("fail"), database_url=database_url) as h:
         await h.service.delegate("do the impossible")
         done = await h.delivered(1)
         assert done.state is RunState.FAILED and "the model refused the task" in done.error
@@ -323,14 +322,14 @@ async def test_a_failing_command_reports_its_error(tmp_path):
 
 # -- restart recovery ------------------------------------------------------------------------------
 
-async def test_a_restart_reconciles_every_run_the_crashed_instance_left(tmp_path):
+async def test_a_restart_reconciles_every_run_the_crashed_instance_left(tmp_path, database_url):
     fifo = tmp_path / "ready"
     os.mkfifo(fifo)
     hang = agent_command("hang", "--ready", str(fifo))
     async with FakeHermes(key=KEY) as fake:
         vt = VirtualClock(1_750_000_000.0)
         async with harness(tmp_path, fake=fake, vt=vt, command=hang, owner="old-host:1:1:dead",
-                           crash=True) as first:
+                           crash=True, database_url=database_url) as first:
             for task in ("finishes meanwhile", "fails meanwhile", "still going"):
                 await first.service.delegate(task)
             runs = [await accepted(first, n) for n in (1, 2, 3)]
@@ -347,7 +346,7 @@ async def test_a_restart_reconciles_every_run_the_crashed_instance_left(tmp_path
         fake.set_status(runs[1].external_id, "failed", error="out of credits")
         before = fake.submissions
 
-        async with harness(tmp_path, fake=fake, vt=vt, command=hang) as second:
+        async with harness(tmp_path, fake=fake, vt=vt, command=hang, database_url=database_url) as second:
             assert (await second.service.get(1)).state is RunState.COMPLETED
             assert (await second.service.get(2)).state is RunState.FAILED
             lost = await second.service.get(4)
@@ -376,25 +375,25 @@ async def test_a_restart_reconciles_every_run_the_crashed_instance_left(tmp_path
         fake.assert_clean()
 
 
-async def test_a_claim_left_by_a_dead_deliverer_is_delivered_again(tmp_path):
-    async with harness(tmp_path, lanes=("command",), owner="old-host:1:1:dead", crash=True) as first:
+async def test_a_claim_left_by_a_dead_deliverer_is_delivered_again(tmp_path, database_url):
+    async with harness(tmp_path, lanes=("command",), owner="old-host:1:1:dead", crash=True, database_url=database_url) as first:
         await first.service.delegate("quick one")
         await first.delivered(1)
         # simulate: claimed, then the process died before announcing
         await first.service.store.execute("UPDATE runs SET delivery = 'claimed', delivery_owner = ?, "
                                           "announced = NULL WHERE id = 1", (first.service.owner,))
-    async with harness(tmp_path, lanes=("command",)) as second:
+    async with harness(tmp_path, lanes=("command",), database_url=database_url) as second:
         done = await second.delivered(1)
         assert done.announced is True and len(second.call.said) == 1
 
 
-async def test_a_run_that_finished_while_the_service_was_down_waits_for_the_rejoined_call_then_is_announced(tmp_path):
-    async with harness(tmp_path, lanes=("command",), owner="old-host:1:1:dead", crash=True) as first:
+async def test_a_run_that_finished_while_the_service_was_down_waits_for_the_rejoined_call_then_is_announced(tmp_path, database_url):
+    async with harness(tmp_path, lanes=("command",), owner="old-host:1:1:dead", crash=True, database_url=database_url) as first:
         await first.service.delegate("quick one")
         await first.delivered(1)
         await first.service.store.execute("UPDATE runs SET delivery = 'claimed', delivery_owner = ?, "
                                           "announced = NULL WHERE id = 1", (first.service.owner,))
-    async with harness(tmp_path, lanes=("command",), attach=False, hold_delivery_s=3600) as second:
+    async with harness(tmp_path, lanes=("command",), attach=False, hold_delivery_s=3600, database_url=database_url) as second:
         await asyncio.wait_for(second.service.wait_held(1), SAFETY_S)  # waiting for the release
         assert (await second.service.get(1)).delivery is not Delivery.DELIVERED and not second.sink.posted
         second.service.attach(second.call)  # the call is back
@@ -403,8 +402,8 @@ async def test_a_run_that_finished_while_the_service_was_down_waits_for_the_rejo
         assert done.announced is True and len(second.call.said) == 1 and [t.id for t in second.sink.posted] == [1]
 
 
-async def test_check_work_without_a_number_summarises_what_runs_and_what_landed(tmp_path):
-    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake) as h:
+async def test_check_work_without_a_number_summarises_what_runs_and_what_landed(tmp_path, database_url):
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         assert (await h.service.check()).summary == "no background runs yet"
         await h.service.delegate("first")
         first = await accepted(h, 1)
@@ -454,9 +453,9 @@ async def everything_reported(h: Harness, run_id: int) -> str:
                         for answer in (await h.service.check(run_id), await h.service.check()))])
 
 
-async def test_every_secret_the_process_holds_is_scrubbed_from_what_a_run_stores_says_and_posts(tmp_path):
+async def test_every_secret_the_process_holds_is_scrubbed_from_what_a_run_stores_says_and_posts(tmp_path, database_url):
     secrets = (*PROCESS_SECRETS.values(), KEY)  # KEY: the Hermes key from the config, added by the service
-    async with harness(tmp_path, lanes=("command",), secrets=tuple(PROCESS_SECRETS.values())) as h:
+    async with harness(tmp_path, lanes=("command",), secrets=tuple(PROCESS_SECRETS.values()), database_url=database_url) as h:
         await h.service.delegate(f"check the config; the old key was {PROCESS_SECRETS['openai']}",
                                  context="Your environment: " + " ".join(secrets))
         done = await h.delivered(1)
@@ -465,13 +464,13 @@ async def test_every_secret_the_process_holds_is_scrubbed_from_what_a_run_stores
         assert leaked(await everything_reported(h, 1), *secrets) == []
 
 
-async def test_a_secret_cut_short_by_the_output_cap_is_scrubbed_from_both_ends_of_the_cut(tmp_path):
+async def test_a_secret_cut_short_by_the_output_cap_is_scrubbed_from_both_ends_of_the_cut(tmp_path, database_url):
     """The cap keeps the head and the tail: the head ends with the first 14 characters of the run's own
     secret, the tail starts 12 characters into the Discord token; neither piece survives."""
     discord = PROCESS_SECRETS["discord"]
     tail = 192 - (len(discord) - 12) - 1  # a 256-byte cap keeps a 192-byte tail, ending with print's newline
     context = RUN_SECRET + "B" * 500 + discord + "C" * tail
-    async with harness(tmp_path, lanes=("command",), output_cap_bytes=256, secrets=(discord,)) as h:
+    async with harness(tmp_path, lanes=("command",), output_cap_bytes=256, secrets=(discord,), database_url=database_url) as h:
         await h.service.delegate("A" * 40, context=context, scrub=(RUN_SECRET,))  # "answer: " + 40 + 2 = 50
         done = await h.delivered(1)
         assert done.output_cut and done.output.startswith("answer: " + "A" * 40)
@@ -480,8 +479,8 @@ async def test_a_secret_cut_short_by_the_output_cap_is_scrubbed_from_both_ends_o
         assert leaked(await everything_reported(h, 1), RUN_SECRET, discord) == []
 
 
-async def test_a_runs_own_secret_is_scrubbed_from_its_final_report(tmp_path):
-    async with harness(tmp_path, lanes=("command",)) as h:
+async def test_a_runs_own_secret_is_scrubbed_from_its_final_report(tmp_path, database_url):
+    async with harness(tmp_path, lanes=("command",), database_url=database_url) as h:
         await h.service.delegate("use the token you were given", context=f"token: {RUN_SECRET}",
                                  scrub=(RUN_SECRET,))
         done = await h.delivered(1)
@@ -492,19 +491,19 @@ async def test_a_runs_own_secret_is_scrubbed_from_its_final_report(tmp_path):
         assert (await h.delivered(2)).output.strip() == "answer: say hello"
 
 
-async def test_a_mutation_token_with_dashes_and_underscores_is_scrubbed_whole_even_unannounced(tmp_path):
+async def test_a_mutation_token_with_dashes_and_underscores_is_scrubbed_whole_even_unannounced(tmp_path, database_url):
     token = "sbt_kZ3-9q_Xw-Pm_77-aB_cD-eF_gH-iJ_kL"  # the URL-safe alphabet: - and _ inside
-    async with harness(tmp_path, lanes=("command",)) as h:
+    async with harness(tmp_path, lanes=("command",), database_url=database_url) as h:
         await h.service.delegate(f"switchboard callbacks register x --token {token} && done")
         done = await h.delivered(1)
         assert done.output.strip() == "answer: switchboard callbacks register x --token [redacted] && done"
         assert leaked(await everything_reported(h, 1), token) == []
 
 
-async def test_secrets_are_scrubbed_from_hermes_progress_cut_short_and_its_final_report(tmp_path):
+async def test_secrets_are_scrubbed_from_hermes_progress_cut_short_and_its_final_report(tmp_path, database_url):
     secrets = (*PROCESS_SECRETS.values(), KEY, RUN_SECRET)
     async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake,
-                                                     secrets=tuple(PROCESS_SECRETS.values())) as h:
+                                                     secrets=tuple(PROCESS_SECRETS.values()), database_url=database_url) as h:
         await h.service.delegate("audit the deploy", context=f"token {RUN_SECRET}", scrub=(RUN_SECRET,))
         run = await accepted(h, 1)
         assert fake.runs[run.external_id].input.endswith(f"token {RUN_SECRET}")  # the agent got it
@@ -522,10 +521,10 @@ async def test_secrets_are_scrubbed_from_hermes_progress_cut_short_and_its_final
         fake.assert_clean()
 
 
-async def test_a_secret_learned_while_a_run_is_going_is_scrubbed_from_its_report(tmp_path):
+async def test_a_secret_learned_while_a_run_is_going_is_scrubbed_from_its_report(tmp_path, database_url):
     rotated = "sn-rotated-listener-key-0123456789abcdef"  # the listener key, read again after a rotation
     go = tmp_path / "go"
-    async with harness(tmp_path, lanes=("command",), command=agent_command("answer", "--wait-for", str(go))) as h:
+    async with harness(tmp_path, lanes=("command",), command=agent_command("answer", "--wait-for", str(go)), database_url=database_url) as h:
         await h.service.delegate("report", context=f"keys {rotated} {RUN_SECRET}", scrub=(RUN_SECRET,))
         await accepted(h, 1)  # already reported on: its scrubber exists
         h.service.add_secrets([rotated, None, ""])
@@ -536,18 +535,18 @@ async def test_a_secret_learned_while_a_run_is_going_is_scrubbed_from_its_report
 
 
 async def test_the_agent_the_service_starts_never_gets_a_variable_carrying_a_secret_of_the_process(tmp_path,
-                                                                                                monkeypatch):
+                                                                                                monkeypatch, database_url):
     monkeypatch.setenv("HERMES_SHARED_KEY", PROCESS_SECRETS["openai"])  # an allow-listed name, a bot key inside
     monkeypatch.setenv("HERMES_GATEWAY_KEY", KEY)  # the Hermes key the service was configured with
     monkeypatch.setenv("HERMES_MODEL_HINT", "gpt-5")
-    async with harness(tmp_path, lanes=("command",), secrets=tuple(PROCESS_SECRETS.values())) as h:
+    async with harness(tmp_path, lanes=("command",), secrets=tuple(PROCESS_SECRETS.values()), database_url=database_url) as h:
         env = h.service.lanes["command"].environment()
         assert env["HERMES_MODEL_HINT"] == "gpt-5"
         assert "HERMES_SHARED_KEY" not in env and "HERMES_GATEWAY_KEY" not in env
 
 
-async def test_a_huge_or_negative_run_number_from_a_model_is_no_such_run_not_an_overflow(tmp_path):
-    async with harness(tmp_path, lanes=("command",)) as h:
+async def test_a_huge_or_negative_run_number_from_a_model_is_no_such_run_not_an_overflow(tmp_path, database_url):
+    async with harness(tmp_path, lanes=("command",), database_url=database_url) as h:
         for number in ("99999999999999999999999", "-1", "0", "#18446744073709551616"):
             with pytest.raises(UnknownRun):
                 await h.service.get(number)

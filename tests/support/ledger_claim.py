@@ -1,6 +1,6 @@
-"""One process's claim on a shared store, run as `sys.executable ledger_claim.py HOME WHAT`.
+"""One process's claim on a shared store, run as `sys.executable ledger_claim.py HOME WHAT [DATABASE_URL]`.
 
-Opens the store in HOME, prints "ready", waits for a line on stdin (the go signal, so that every
+Opens the store in HOME (or at DATABASE_URL), prints "ready", waits for a line on stdin (the go signal, so that every
 process claims at the same moment), makes one claim, prints the answer as one JSON line, then
 holds on (alive, so its claim stays held) until stdin closes.
 
@@ -19,20 +19,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from common.store import Migration, open_store  # noqa: E402
+from common.store import open_store  # noqa: E402
 from listener.ledger import ExecutionLedger  # noqa: E402
 from listener.repository import MIGRATIONS as LISTENER  # noqa: E402
 from runs.procs import owner_token  # noqa: E402
 from runs.repository import MIGRATIONS as RUNS  # noqa: E402
 from runs.repository import RunRepository  # noqa: E402
 
-STORE_MIGRATIONS = (*RUNS, *(Migration(*step) for step in LISTENER))  # bot.services's, without its imports
+STORE_MIGRATIONS = (*RUNS, *LISTENER)  # bot.services's, without its imports
 
 JOB_KEY = '["command","call_1","turn",0]'
 
 
-async def main(home: str, what: str) -> None:
-    store = await open_store(Path(home), STORE_MIGRATIONS)
+async def main(home: str, what: str, database_url: str | None) -> None:
+    store = await open_store(Path(home), STORE_MIGRATIONS, database_url=database_url)
     loop = asyncio.get_running_loop()
     print("ready", flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)
@@ -53,4 +53,4 @@ async def main(home: str, what: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None))

@@ -1,4 +1,4 @@
-"""A listener process that dies mid-start, run as `sys.executable listener_crash.py HOME WHEN`.
+"""A listener process that dies mid-start, run as `sys.executable listener_crash.py HOME WHEN [DATABASE_URL]`.
 
 It handles one direct-transcript event (call_crash: one named command by the user) on the store in
 HOME, and its job starter kills the process (`os._exit`, no cleanup, like SIGKILL or a power cut):
@@ -40,8 +40,8 @@ class DyingStarter:
         os._exit(9)
 
 
-async def main(home: str, when: str) -> None:
-    store = await open_store(Path(home), STORE_MIGRATIONS)
+async def main(home: str, when: str, database_url: str | None) -> None:
+    store = await open_store(Path(home), STORE_MIGRATIONS, database_url=database_url)
     pipeline = TranscriptPipeline(Archive(store), download=None, jobs=DyingStarter(RunRepository(store), when),
                                   agent_name="Ares")
     await pipeline.handle(EVENT)
@@ -49,4 +49,4 @@ async def main(home: str, when: str) -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main(sys.argv[1], sys.argv[2]))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None))

@@ -106,12 +106,12 @@ class Harness:
 async def harness(tmp_path, *, fake: FakeHermes | None = None, lanes=("hermes-api", "command"),
                   command=None, vt: VirtualClock | None = None, owner: str | None = None, attach: bool = True,
                   crash: bool = False, secrets: tuple[str, ...] = (), hold_delivery_s: float = 0.0,
-                  **config) -> AsyncIterator[Harness]:
+                  database_url: str | None = None, **config) -> AsyncIterator[Harness]:
     vt = vt or VirtualClock(1_750_000_000.0)
     url = fake.url if fake else f"http://127.0.0.1:{free_port()}"
     cfg = RunsConfig(lanes=tuple(lanes), hermes_url=url, hermes_key=KEY,
                      command=tuple(command or agent_command("answer")), **config)
-    store = await open_store(tmp_path / "home", MIGRATIONS)
+    store = await open_store(tmp_path / "home", MIGRATIONS, database_url=database_url)
     sink, call = RecordingSink(), RecordingCall()
     service = RunService(store, cfg, sink=sink, clock=vt.clock, sleep=vt.sleep, owner=owner, secrets=secrets,
                          hold_delivery_s=hold_delivery_s)

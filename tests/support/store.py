@@ -5,6 +5,7 @@ user's back."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -24,6 +25,42 @@ async def polled(read: Callable[[], T], predicate: Callable[[T], Any], what: str
             raise AssertionError(f"timed out waiting for {what}: {found}")
         await asyncio.sleep(POLL_S)
     return found
+
+
+def rows_now(home, database_url: str | None, sql: str, params: tuple = ()) -> list[tuple]:
+    """`sql`'s rows, read now through a connection of its own (synchronous: for `polled`)."""
+    if database_url is None:
+        import sqlite3
+
+        with contextlib.closing(sqlite3.connect(home / DB_FILENAME, timeout=30)) as db:
+            return db.execute(sql, params).fetchall()
+    import psycopg
+
+    from common.store.dialect import postgresql_sql
+
+    with psycopg.connect(database_url) as db:
+        return db.execute(postgresql_sql(sql), params).fetchall()
+
+
+async def read_elsewhere(home, database_url: str | None, sql: str, params=()) -> list:
+    """`sql`'s rows as another process sees the store (its own connections, opened now)."""
+    from common.store import open_store
+
+    other = await open_store(home, database_url=database_url, create=False)
+    try:
+        return list(await other.fetchall(sql, params))
+    finally:
+        await other.close()
+
+
+async def index_names(store, table: str) -> set[str]:
+    """The names of `table`'s indexes, on either engine."""
+    if store.engine == "sqlite":
+        rows = await store.fetchall("SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = ?", (table,))
+    else:
+        rows = await store.fetchall("SELECT indexname FROM pg_indexes WHERE schemaname = current_schema() "
+                                    "AND tablename = ?", (table,))
+    return {row[0] for row in rows}
 
 
 async def recorded_home(home) -> None:

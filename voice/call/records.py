@@ -22,7 +22,7 @@ import sqlite3
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from common.store import Migration, Store
+from common.store import Migration, Store, Tx
 from voice.call.usage import NO_USAGE, CallUsage
 
 PACKAGE = "voice"
@@ -119,15 +119,17 @@ class CallRecords:
         """Append a line to the call's turns, dropping all but the newest `KEEP_TURNS`; its seq."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}, not {role!r}")
-        async with self.store.transaction() as db:
-            async with db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM voice_call_turns WHERE call_id = ?",
-                                  (call_id,)) as cursor:
-                seq = int((await cursor.fetchone())[0])
-            await db.execute("INSERT INTO voice_call_turns (call_id, seq, at, role, speaker_id, name, text) "
+        async def add(tx: Tx) -> int:
+            row = await tx.fetchone("SELECT COALESCE(MAX(seq), 0) + 1 FROM voice_call_turns WHERE call_id = ?",
+                                    (call_id,))
+            seq = int(row[0])
+            await tx.execute("INSERT INTO voice_call_turns (call_id, seq, at, role, speaker_id, name, text) "
                              "VALUES (?, ?, ?, ?, ?, ?, ?)", (call_id, seq, at, role, speaker_id, name, text))
-            await db.execute("DELETE FROM voice_call_turns WHERE call_id = ? AND seq <= ?",
+            await tx.execute("DELETE FROM voice_call_turns WHERE call_id = ? AND seq <= ?",
                              (call_id, seq - KEEP_TURNS))
-        return seq
+            return seq
+
+        return await self.store.transact(add)
 
     async def end(self, call_id: int, reason: str, at: float) -> bool:
         """The call was left: `ended`, with why. False when it had ended already."""
@@ -144,12 +146,14 @@ class CallRecords:
         """How long each person has spoken in the call so far, and what the provider reported (totals, not
         additions)."""
         rows = [(call_id, int(user), max(0, int(ms))) for user, ms in spoken_ms.items() if user is not None]
-        async with self.store.transaction() as db:
-            await db.execute("UPDATE voice_calls SET usage = ? WHERE id = ?", (json.dumps(usage.to_json()), call_id))
+        async def save(tx: Tx) -> None:
+            await tx.execute("UPDATE voice_calls SET usage = ? WHERE id = ?", (json.dumps(usage.to_json()), call_id))
             if rows:
-                await db.executemany("INSERT INTO voice_call_speakers (call_id, user_id, spoken_ms) VALUES (?, ?, ?) "
+                await tx.executemany("INSERT INTO voice_call_speakers (call_id, user_id, spoken_ms) VALUES (?, ?, ?) "
                                      "ON CONFLICT (call_id, user_id) DO UPDATE SET spoken_ms = excluded.spoken_ms",
                                      rows)
+
+        await self.store.transact(save)
 
     async def mark_live(self, call_id: int) -> bool:
         """The call was rejoined after a restart: `live` again, same row and turns. False if it had ended."""
@@ -162,9 +166,9 @@ class CallRecords:
 
     async def live(self, *, guild_id: int | None = None) -> list[CallRecord]:
         """Calls not ended (`live` or `resume`), oldest first, each with its recent turns (oldest first)."""
+        in_guild, params = ("", ()) if guild_id is None else (" AND guild_id = ?", (guild_id,))
         rows = await self.store.fetchall(
-            "SELECT * FROM voice_calls WHERE state IN ('live', 'resume') AND (? IS NULL OR guild_id = ?) ORDER BY id",
-            (guild_id, guild_id))
+            f"SELECT * FROM voice_calls WHERE state IN ('live', 'resume'){in_guild} ORDER BY id", params)
         return [await self._load(row) for row in rows]
 
     async def _load(self, row) -> CallRecord:

@@ -5,7 +5,6 @@ And the listener's voice tools: read-only search for anyone, the config tool beh
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 
 import pytest
@@ -64,8 +63,8 @@ def ticket(run_id: int, state: RunState = RunState.COMPLETED, output: str = "don
 
 
 @pytest.fixture
-async def store(tmp_path):
-    store = await open_store(tmp_path, STORE_MIGRATIONS)
+async def store(tmp_path, database_url):
+    store = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)
     callbacks = Callbacks(store, clock=lambda: 0.0)
     await callbacks.set_review("Summarise it.")
     await callbacks.register("elsewhere", "Elsewhere", "Post it elsewhere.", deliver=f"discord:{OTHER_CHANNEL}")
@@ -206,7 +205,7 @@ def test_a_token_never_survives_in_what_a_run_reports_even_cut_short_or_nested()
     assert _scrub(Progress("nothing here")) == Progress("nothing here")
 
 
-async def test_a_result_landing_while_another_process_records_the_card_is_posted_once_not_left_waiting(store, tmp_path):
+async def test_a_result_landing_while_another_process_records_the_card_is_posted_once_not_left_waiting(store, tmp_path, database_url):
     """The run lands in one process (no card recorded yet) while another posts and records the card:
     whatever the interleaving, the result is posted exactly once, under the card."""
     from bot.phone.delivery import WAITING
@@ -220,7 +219,7 @@ async def test_a_result_landing_while_another_process_records_the_card_is_posted
         async def get(self, run_id: int):
             return landed if run_id == 4 else None
 
-    other = await open_store(tmp_path, STORE_MIGRATIONS)  # the other process: connections of its own
+    other = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)  # the other process: connections of its own
     card_poster, run_poster = Poster(), Poster()
     card_process = ListenerDelivery(other, Fallback(), card_poster, default_channel=DEFAULT_CHANNEL)
     card_process._repo = Runs()
@@ -252,11 +251,9 @@ async def test_a_result_landing_while_another_process_records_the_card_is_posted
             await self._card_lands()
             return await self.real.execute(sql, params)
 
-        @contextlib.asynccontextmanager
-        async def transaction(self):
+        async def transact(self, body):
             await self._card_lands()
-            async with self.real.transaction() as conn:
-                yield conn
+            return await self.real.transact(body)
 
     racing = CardLandsNow(store)
     run_process = ListenerDelivery(racing, Fallback(), run_poster, default_channel=DEFAULT_CHANNEL)
@@ -297,7 +294,7 @@ async def test_a_result_a_crashed_process_was_posting_is_posted_when_the_listene
     assert await delivery.flush_waiting() == 0
 
 
-async def test_two_processes_flushing_the_same_waiting_results_post_each_once(store, tmp_path):
+async def test_two_processes_flushing_the_same_waiting_results_post_each_once(store, tmp_path, database_url):
     import subprocess
     import sys
 
@@ -305,7 +302,7 @@ async def test_two_processes_flushing_the_same_waiting_results_post_each_once(st
     from runs.procs import process_token
 
     await store.execute("UPDATE listener_jobs SET delivered = ?", (WAITING,))
-    other = await open_store(tmp_path, STORE_MIGRATIONS)
+    other = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)
     # two live processes own the two deliveries (so neither takes the other's result as abandoned)
     lives = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
              for _ in range(2)]

@@ -11,8 +11,8 @@ from voice.call.usage import CallUsage
 
 
 @pytest_asyncio.fixture
-async def store(tmp_path):
-    store = await open_store(tmp_path, MIGRATIONS)
+async def store(tmp_path, database_url):
+    store = await open_store(tmp_path, MIGRATIONS, database_url=database_url)
     try:
         yield store
     finally:
@@ -25,8 +25,8 @@ async def start(records: CallRecords, guild_id: int = 1, at: float = 100.0) -> i
 
 
 @pytest.mark.asyncio
-async def test_a_call_is_started_given_turns_and_ended_and_a_reopened_store_sees_it(tmp_path):
-    store = await open_store(tmp_path, MIGRATIONS)
+async def test_a_call_is_started_given_turns_and_ended_and_a_reopened_store_sees_it(tmp_path, database_url):
+    store = await open_store(tmp_path, MIGRATIONS, database_url=database_url)
     try:
         records = CallRecords(store)
         call_id = await start(records)
@@ -46,7 +46,7 @@ async def test_a_call_is_started_given_turns_and_ended_and_a_reopened_store_sees
             await records.add_turn(call_id, "system", None, "x", "y", 1.0)
     finally:
         await store.close()
-    again = await open_store(tmp_path, MIGRATIONS)  # another process, as it were: a fresh open of the file
+    again = await open_store(tmp_path, MIGRATIONS, database_url=database_url)  # another process, as it were: a fresh open of the file
     try:
         ended = await CallRecords(again).get(call_id)
         assert ended is not None
@@ -89,8 +89,8 @@ async def test_ended_resume_and_live_calls(store: Store):
     assert [c.id for c in await records.live()] == [crash]
 
 
-async def test_speaking_times_and_usage_are_totals_kept_with_the_call(tmp_path):
-    store = await open_store(tmp_path, MIGRATIONS)
+async def test_speaking_times_and_usage_are_totals_kept_with_the_call(tmp_path, database_url):
+    store = await open_store(tmp_path, MIGRATIONS, database_url=database_url)
     records = CallRecords(store)
     call_id = await records.start(guild_id=1, voice_channel_id=2, text_channel_id=None, started_by=3, mode="everyone",
                                   captions=False, at=10.0)
