@@ -5,12 +5,14 @@ Driver: psycopg 3 (async) with psycopg_pool. Each connection is in autocommit mo
 session's statements to other backends), and is checked before it is handed out, so a connection
 killed by a server restart is replaced instead of failing the next query.
 
-- **Writes keep SQLite's guarantee.** Every write — a `transaction()`, and each single statement
-  (`execute`, `insert`) — first takes one transaction-scoped advisory lock (`WRITE_LOCK`), so writes
-  run one at a time across every process and host, as `BEGIN IMMEDIATE` makes them on SQLite: a
-  read-decide-write inside one is atomic, a statement whose subquery reads another table sees every
-  write committed before it, and two writes cannot deadlock. Reads (`fetchone`, `fetchall`) take no
-  lock and see every commit made before they start, as SQLite's reader does.
+- **Writes keep SQLite's guarantee.** Every `transaction()` first takes one transaction-scoped
+  advisory lock (`WRITE_LOCK`), so write transactions run one at a time across every process and
+  host, as `BEGIN IMMEDIATE` makes them on SQLite: a read-decide-write inside one is atomic, and two
+  of them cannot deadlock. A single statement (`execute`, `insert`) takes no lock: it may decide only
+  on the rows it writes (READ COMMITTED re-checks an UPDATE's WHERE against the row it waited for, so
+  a compare-and-set has one winner); one whose subquery reads other rows would read them as they
+  were when it began, missing a transaction committing meanwhile, so such a write is a transaction.
+  Reads take no lock and see every commit made before they start, as SQLite's reader does.
 - **Failures worth another try** (`is_retryable`: the connection lost, the server shutting down or
   starting, a serialization failure, a deadlock) are retried with a jittered exponential pause for
   up to `Busy.lost_s`: a single statement or a whole `transact()` body again; `transaction()` retries
@@ -252,14 +254,14 @@ class PostgresStore(Store):
     # -- the store's interface ---------------------------------------------------------------------
 
     async def execute(self, sql: str, params: Sequence = ()) -> int:
-        """One statement, committed at once under the write lock (as every write on SQLite); returns the
-        number of rows changed. Without the lock, READ COMMITTED would let a statement whose subquery
-        reads another table (a result waiting for its card) miss a transaction committing meanwhile."""
-        return await self.transact(lambda tx: tx.execute(sql, params))
+        """One statement, committed at once; returns the number of rows changed. It takes no write lock:
+        it may decide only on the rows it writes (READ COMMITTED re-checks those against a concurrent
+        commit); a write that reads other rows to decide belongs in a transaction."""
+        return await self._attempts(lambda conn: PostgresTx(conn).execute(sql, params))
 
     async def insert(self, sql: str, params: Sequence = ()) -> int:
-        """One INSERT into a table keyed by `id`, committed at once under the write lock; the new id."""
-        return await self.transact(lambda tx: tx.insert(sql, params))
+        """One INSERT into a table keyed by `id`, committed at once; returns the new id."""
+        return await self._attempts(lambda conn: PostgresTx(conn).insert(sql, params))
 
     async def fetchone(self, sql: str, params: Sequence = ()) -> Row | None:
         return await self._attempts(lambda conn: PostgresTx(conn).fetchone(sql, params))
@@ -291,8 +293,7 @@ class PostgresStore(Store):
     async def _begin(self) -> psycopg.AsyncConnection:
         conn = await self._pool.getconn()
         try:
-            await conn.execute("BEGIN")
-            await conn.execute(WRITE_LOCK)
+            await conn.execute(f"BEGIN; {WRITE_LOCK}")  # one round trip
         except BaseException:
             await self._pool.putconn(conn)
             raise

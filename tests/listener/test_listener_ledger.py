@@ -209,9 +209,9 @@ async def test_tasks_and_processes_recording_a_run_under_one_intent_record_one_r
 
 async def test_a_result_never_waits_for_a_card_recorded_while_it_asked(tmp_path, database_url):
     """A result asks to wait for its call's card (one statement reading the call's row) while another
-    process records that card in a transaction: the statement waits its turn and sees the card, so it is
-    never left waiting for a card that already exists. On PostgreSQL the statement takes the write lock
-    too; without it, READ COMMITTED read the call's row as it was when the statement began."""
+    process records that card in a transaction: the ask waits its turn and sees the card, so it is never
+    left waiting for a card that already exists. On PostgreSQL the ask is a transaction (the write lock);
+    as a lone statement, READ COMMITTED read the call's row as it was when the statement began."""
     if not database_url:
         pytest.skip("PostgreSQL only here: SQLite runs every write under its one write lock")
     from listener.repository import JobRepository
