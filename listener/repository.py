@@ -481,11 +481,12 @@ class JobRepository:
             row["conversation_id"], row["from_number"], row["to_number"], row["card"])
 
     async def wait_for_card(self, key: str, transcript_id: int) -> bool:
-        """Mark the slot's result `WAITING` in one statement, only when it has no outcome yet and its
-        call has no card recorded; True when it now waits."""
-        return bool(await self.db.execute(
+        """Mark the slot's result `WAITING`, only when it has no outcome yet and its call has no card
+        recorded; True when it now waits. A transaction, not a lone statement: it reads the call's row
+        (on PostgreSQL a lone statement would read it as it was before a card recorded meanwhile)."""
+        return bool(await self.db.transact(lambda tx: tx.execute(
             "UPDATE listener_jobs SET delivered = ? WHERE dedupe_key = ? AND delivered IS NULL AND "
-            "(SELECT card FROM transcripts WHERE id = ?) IS NULL", (WAITING, key, transcript_id)))
+            "(SELECT card FROM transcripts WHERE id = ?) IS NULL", (WAITING, key, transcript_id))))
 
     async def record_card(self, transcript_id: int, reference: str) -> list[str]:
         """In one transaction: the call's card is `reference`, and the runs whose results wait for it

@@ -7,10 +7,12 @@ killed by a server restart is replaced instead of failing the next query.
 
 - **Writes keep SQLite's guarantee.** Every `transaction()` first takes one transaction-scoped
   advisory lock (`WRITE_LOCK`), so write transactions run one at a time across every process and
-  host, as `BEGIN IMMEDIATE` makes them on SQLite: a read-decide-write inside one is atomic, and
-  two of them cannot deadlock. Single statements (`execute`, `insert`) run outside it; each is
-  atomic on its own (READ COMMITTED re-checks an UPDATE's WHERE against the row it waited for, so a
-  compare-and-set has one winner).
+  host, as `BEGIN IMMEDIATE` makes them on SQLite: a read-decide-write inside one is atomic, and two
+  of them cannot deadlock. A single statement (`execute`, `insert`) takes no lock: it may decide only
+  on the rows it writes (READ COMMITTED re-checks an UPDATE's WHERE against the row it waited for, so
+  a compare-and-set has one winner); one whose subquery reads other rows would read them as they
+  were when it began, missing a transaction committing meanwhile, so such a write is a transaction.
+  Reads take no lock and see every commit made before they start, as SQLite's reader does.
 - **Failures worth another try** (`is_retryable`: the connection lost, the server shutting down or
   starting, a serialization failure, a deadlock) are retried with a jittered exponential pause for
   up to `Busy.lost_s`: a single statement or a whole `transact()` body again; `transaction()` retries
@@ -252,7 +254,9 @@ class PostgresStore(Store):
     # -- the store's interface ---------------------------------------------------------------------
 
     async def execute(self, sql: str, params: Sequence = ()) -> int:
-        """One statement, committed at once; returns the number of rows changed."""
+        """One statement, committed at once; returns the number of rows changed. It takes no write lock:
+        it may decide only on the rows it writes (READ COMMITTED re-checks those against a concurrent
+        commit); a write that reads other rows to decide belongs in a transaction."""
         return await self._attempts(lambda conn: PostgresTx(conn).execute(sql, params))
 
     async def insert(self, sql: str, params: Sequence = ()) -> int:
@@ -289,8 +293,7 @@ class PostgresStore(Store):
     async def _begin(self) -> psycopg.AsyncConnection:
         conn = await self._pool.getconn()
         try:
-            await conn.execute("BEGIN")
-            await conn.execute(WRITE_LOCK)
+            await conn.execute(f"BEGIN; {WRITE_LOCK}")  # one round trip
         except BaseException:
             await self._pool.putconn(conn)
             raise

@@ -154,9 +154,16 @@ async def two_listeners_lose_nothing(tmp_path: Path, database_url: str | None, *
                 for i in unsettled:
                     await stream.send_event(call_event(i), conn=1 + attempt % 2)
                 await stream.wait_for(lambda n=expected: len(stream.acks) >= n, timeout=60)
-            await until(lambda: rows("SELECT COUNT(*) FROM listener_jobs WHERE delivered IS NOT NULL AND "
-                                           "delivered != ? AND delivered NOT LIKE 'posting by %'", (WAITING,))[0][0]
-                        >= CALLS * JOBS_PER_CALL, "every result to be posted")
+            try:
+                await until(lambda: rows("SELECT COUNT(*) FROM listener_jobs WHERE delivered IS NOT NULL AND "
+                                         "delivered != ? AND delivered NOT LIKE 'posting by %'", (WAITING,))[0][0]
+                            >= CALLS * JOBS_PER_CALL, "every result to be posted")
+            except AssertionError:  # say which results, and what the listeners said last
+                unposted = rows("SELECT j.job_id, j.state, j.delivered, r.state, r.delivery FROM listener_jobs j "
+                                "LEFT JOIN runs r ON 'run-' || r.id = j.job_id WHERE j.delivered IS NULL OR "
+                                "j.delivered = ? OR j.delivered LIKE 'posting by %'", (WAITING,))
+                tails = [log.read_text(errors="replace")[-1500:] for log in logs]
+                raise AssertionError(f"results not posted: {unposted[:10]}; listeners said: {tails}") from None
         finally:
             if during is not None and not during.done():
                 during.cancel()

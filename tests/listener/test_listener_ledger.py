@@ -205,3 +205,30 @@ async def test_tasks_and_processes_recording_a_run_under_one_intent_record_one_r
         assert (await store.fetchone("SELECT COUNT(*) FROM runs"))[0] == 2
     finally:
         await store.close()
+
+
+async def test_a_result_never_waits_for_a_card_recorded_while_it_asked(tmp_path, database_url):
+    """A result asks to wait for its call's card (one statement reading the call's row) while another
+    process records that card in a transaction: the ask waits its turn and sees the card, so it is never
+    left waiting for a card that already exists. On PostgreSQL the ask is a transaction (the write lock);
+    as a lone statement, READ COMMITTED read the call's row as it was when the statement began."""
+    if not database_url:
+        pytest.skip("PostgreSQL only here: SQLite runs every write under its one write lock")
+    from listener.repository import JobRepository
+
+    store = await seeded(tmp_path, slot="claimed", database_url=database_url)
+    other = await open_store(tmp_path, STORE_MIGRATIONS, database_url=database_url)
+    try:
+        await store.execute("UPDATE listener_jobs SET job_id = 'run-1', state = 'started'")
+        async with other.transaction() as tx:  # the card process, mid-transaction
+            await tx.execute("UPDATE transcripts SET card = 'discord:1/2' WHERE id = 1")
+            asking = asyncio.create_task(JobRepository(store).wait_for_card(KEY, 1))
+            async with asyncio.timeout(30):  # until the asking statement waits for the write lock
+                while not asking.done() and not (await other.fetchone(
+                        "SELECT COUNT(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"))[0]:
+                    await asyncio.sleep(0.01)
+        assert await asking is False
+        assert (await store.fetchone("SELECT delivered FROM listener_jobs"))[0] is None
+    finally:
+        await other.close()
+        await store.close()
