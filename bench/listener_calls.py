@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.engines import load, new_database, postgres_admin_url, server_version  # noqa: E402
+from bench.goals import goal  # noqa: E402
 from bot.services import STORE_MIGRATIONS  # noqa: E402
 from common.store import open_store  # noqa: E402
 from listener.archive import Archive  # noqa: E402
@@ -106,6 +107,9 @@ async def calls_per_second(url: str | None, calls: int, concurrency: int) -> tup
     return calls / spent, statistics.median(each)
 
 
+FLOOR_CALLS_PER_S = 10
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calls", type=int, default=300)
@@ -124,6 +128,9 @@ async def main() -> None:
     for engine, (rate, median) in figures.items():
         print(f"  {engine:<10} {rate:7.1f} calls/s  ({median:.1f} ms per call, median; {args.concurrency} at once, "
               f"{TURNS} turns, 2 jobs and a card each)")
+        # A busy phone line brings a call every few seconds; 10 a second per process is far above any.
+        goal("listener_calls", f"{engine} {rate:.1f} calls/s", f">= {FLOOR_CALLS_PER_S} calls/s",
+             rate >= FLOOR_CALLS_PER_S)
     if len(figures) == 2:
         print(f"  ratio postgresql/sqlite: {figures['postgresql'][0] / figures['sqlite'][0]:.2f}x calls/s")
 

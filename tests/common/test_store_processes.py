@@ -180,7 +180,11 @@ async def two_listeners_lose_nothing(tmp_path: Path, database_url: str | None, *
     for text in (*texts, writes):
         assert "database is locked" not in text and "Traceback" not in text and "StoreError" not in text, text[-3000:]
     assert exits == [0, 0], [t[-2000:] for t in texts]
-    assert len(codes) >= 2 and set(codes) == {0}, writes[-2000:]  # the writer got its turn, every time
+    # The writer got its turn every time; a one-shot command started while the server restarts finds no
+    # server and says so in one line, exit 2 (it keeps nothing half-done): allowed only during a restart.
+    refused = writes.count("cannot use PostgreSQL")
+    assert codes.count(0) >= 2 and codes.count(2) == refused and set(codes) <= {0, 2}, writes[-2000:]
+    assert mid_stream is not None or refused == 0, writes[-2000:]
 
     # every call archived exactly once
     archived = rows("SELECT conversation_id FROM transcripts")
