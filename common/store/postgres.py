@@ -314,7 +314,9 @@ async def _prepare(conn: psycopg.AsyncConnection, store: PostgresStore, migratio
     await conn.execute("SELECT pg_advisory_lock(%s, hashtext(current_schema()))", (MIGRATE_LOCK,))
     try:
         if not create:
-            cursor = await conn.execute("SELECT to_regclass('schema_migrations') IS NOT NULL")
+            # In this schema only: a store in another schema on the search path (public) is not this one.
+            cursor = await conn.execute("SELECT to_regclass(format('%I.schema_migrations', current_schema())) "
+                                        "IS NOT NULL")
             if not (await cursor.fetchone())[0]:
                 raise StoreError(f"there is no Switchboard store in {store.where} yet: nothing has been recorded "
                                  "there; check SWITCHBOARD_DATABASE_URL (switchboard run, listen and talk create it)")

@@ -7,6 +7,7 @@ import asyncio
 import logging
 import tempfile
 from pathlib import Path
+from urllib.parse import quote, unquote
 
 import pytest
 
@@ -225,3 +226,16 @@ async def test_a_literal_percent_means_the_same_with_and_without_parameters(tmp_
         assert (await store.fetchone("SELECT state FROM notes WHERE state LIKE ?", ("6%",)))[0] == "60%"
     finally:
         await store.close()
+
+
+async def test_a_store_in_another_schema_on_the_search_path_is_not_this_one(tmp_path, postgres_server):
+    """A reading command's "is there a store here?" looks in its own schema only: a store in a schema
+    further down the search path (another deployment's, or one in `public`) is not it."""
+    if postgres_server is None:
+        pytest.skip("no PostgreSQL here")
+    other = postgres_server.new_database()
+    await (await open_store(tmp_path / "a", NOTES, database_url=other)).close()
+    other_schema = unquote(other).split("search_path=", 1)[1].split(",", 1)[0]
+    mine = postgres_server.new_database().replace("%2Cpublic", quote(f",{other_schema},public", safe=""))
+    with pytest.raises(StoreError, match="no (Switchboard )?store in"):
+        await open_store(tmp_path / "b", NOTES, database_url=mine, create=False)
