@@ -60,7 +60,8 @@ def runs_config(settings: Settings) -> RunsConfig:
     key = settings.hermes_api_key.get_secret_value() if settings.hermes_api_key is not None else None
     return RunsConfig(lanes=settings.agent_lanes, hermes_url=settings.hermes_api_url, hermes_key=key,
                       command=settings.agent_command, profile=settings.agent_profile,
-                      timeout_s=settings.agent_timeout_s, agent_env=settings.agent_env)
+                      timeout_s=settings.agent_timeout_s, agent_env=settings.agent_env,
+                      hermes_max_runs=settings.hermes_max_concurrent_runs)
 
 
 def process_secrets(settings: Settings) -> tuple[str, ...]:
