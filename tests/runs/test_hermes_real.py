@@ -13,9 +13,10 @@ import signal
 import pytest
 
 from runs.config import RunsConfig
-from runs.core import ApprovalRequested, Finished, Progress, RunState, RunTicket
+from runs.core import ApprovalRequested, Finished, Progress, Running, RunState, RunTicket
 from runs.hermes_wire import DEFAULT_APPROVAL_CHOICES, HERMES_LOST, HERMES_STOPPED
 from runs.lanes import AlreadyEnded, HermesApiLane
+from runs.lanes.hermes_api import QUIET_S
 from tests.support.clock import VirtualClock
 from tests.support.fake_agent_model import FakeAgentModel, long_answer
 from tests.support.real_hermes import REAL_KEY, RealHermes
@@ -220,14 +221,56 @@ async def test_a_switchboard_crash_mid_run_then_a_restart_posts_the_real_result_
         await first.service.delegate("audit it [hold:crash]")
         await asyncio.wait_for(model.held("crash"), SLOW_S)
         run = await accepted(first, 1)
-    model.release("crash")
+        await asyncio.wait_for(first.vt.wait_sleeper(lambda d: d == QUIET_S), SLOW_S)  # on its stream
     async with real(gateway, tmp_path, vt=vt) as second:
+        await asyncio.wait_for(vt.wait_sleeper(), SLOW_S)  # the new instance follows it now
+        model.release("crash")  # it ends while the dead instance's stream still holds the run's queue
         await asyncio.wait_for(polled_to_the_end(second, vt, 1), SLOW_S)
         done = await delivered(second, 1)
         assert done.external_id == run.external_id
         assert done.state is RunState.COMPLETED and done.output == "done: audit it [hold:crash]"
         assert [t.id for t in second.sink.posted] == [1] and len(second.call.said) == 1
     assert first_turns(model, "audit it [hold:crash]") == 1
+
+
+@SHARED
+async def test_after_a_restart_a_run_is_followed_by_its_status_because_a_dead_subscriber_takes_its_end(
+        shared_hermes, tmp_path):
+    """An old instance's stream still holds the run's one event queue when it dies: Hermes's handler
+    takes `run.completed`, fails to write it and removes the queue, and a second subscriber would idle
+    on keepalives. The new instance must not subscribe again, but ask the status."""
+    model, gateway = shared_hermes
+    vt = VirtualClock(1_750_000_000.0)
+    lane = HermesApiLane(RunsConfig(hermes_url=gateway.url, hermes_key=REAL_KEY), sleep=vt.sleep)
+    ticket = RunTicket(id=1, lane="hermes-api", task="audit it [hold:dead]", state=RunState.STARTING,
+                       created_at=0.0, updated_at=0.0, idempotency_key="switchboard-dead")
+    seen: list = []
+
+    async def collect(obs):
+        seen.append(obs)
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    try:
+        ticket = RunTicket(**{**vars(ticket), "external_id": await lane.start(ticket)})
+        writer.write(f"GET /v1/runs/{ticket.external_id}/events HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                     f"Authorization: Bearer {REAL_KEY}\r\n\r\n".encode())  # the old instance: never reads
+        await writer.drain()
+        assert (await asyncio.wait_for(reader.readline(), SLOW_S)).startswith(b"HTTP/1.1 200")
+        await asyncio.wait_for(model.held("dead"), SLOW_S)
+        assert await lane.reconcile(ticket) == [Running()]  # still running: the new instance adopts it
+        follow = asyncio.create_task(lane.follow(ticket, collect))
+        await asyncio.wait_for(vt.wait_sleeper(), SLOW_S)
+        writer.close()  # now it dies: Hermes notices only when it writes the run's next event to it
+        model.release("dead")
+        while not follow.done():
+            waiting = asyncio.ensure_future(vt.wait_sleeper(lambda d: d == 5))
+            await asyncio.wait_for(asyncio.wait({follow, waiting}, return_when=asyncio.FIRST_COMPLETED), SLOW_S)
+            waiting.cancel()
+            vt.advance(5)
+    finally:
+        writer.close()
+        await lane.aclose()
+    assert seen[-1] == Finished(RunState.COMPLETED, output="done: audit it [hold:dead]")
 
 
 @RESTARTS

@@ -19,7 +19,7 @@ from runs.core import (
 )
 from runs.hermes_wire import HERMES_LOST, HERMES_STOPPED
 from runs.lanes import HermesApiLane, LaneError, SubmitUnknown
-from runs.lanes.hermes_api import UNCONFIRMED
+from runs.lanes.hermes_api import QUIET_S, UNCONFIRMED
 from tests.support.clock import VirtualClock
 from tests.support.fake_hermes import DEFAULT_FEATURES, STEER_FEATURES, FakeHermes
 from tests.support.runs import KEY, SAFETY_S, free_port
@@ -264,6 +264,26 @@ async def test_a_dropped_stream_is_reconciled_with_the_run_status():
     assert seen.seen[-1] == Finished(RunState.COMPLETED, output="finished while nobody listened")
     gets = [r["path"] for r in fake.requests if r["method"] == "GET"]
     assert gets.count(f"/v1/runs/{run_id}") == 2 and gets.count(f"/v1/runs/{run_id}/events") == 1
+
+
+async def test_a_stream_quiet_past_its_bound_asks_the_status_and_ends_with_the_result():
+    """Hermes's one queue per run: another subscriber may have taken the end. Only keepalives for
+    QUIET_S → the status is asked, and it carries the result."""
+    vt = VirtualClock(1_750_000_000.0)
+    async with FakeHermes(key=KEY) as fake:
+        lane = lane_for(fake, sleep=vt.sleep)
+        run_id = await lane.start(ticket())
+        seen = Collector()
+        follow = asyncio.create_task(lane.follow(ticket(external_id=run_id), seen))
+        await asyncio.wait_for(fake.runs[run_id].stream_open.wait(), SAFETY_S)
+        await vt.wait_sleeper(lambda d: d == QUIET_S)
+        fake.keepalive(run_id)  # a keepalive is not news: the watch still asks
+        fake.set_status(run_id, "completed", output="the end went elsewhere")
+        vt.advance(QUIET_S)
+        await asyncio.wait_for(follow, SAFETY_S)
+        await lane.aclose()
+        fake.assert_clean()
+    assert seen.seen == [Finished(RunState.COMPLETED, output="the end went elsewhere")]
 
 
 async def test_more_runs_than_stream_connections_all_start_and_finish_and_requests_still_go_through():
