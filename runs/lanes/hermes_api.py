@@ -66,12 +66,9 @@ class RunGone(LaneError):
 
 
 class HermesApiLane:
-    """Hermes api_server client. Every verb beyond submit/status is gated on its capability flag.
-
-    Requests and event streams use separate connection pools (`request_limit`, `stream_limit`
-    connections): open streams never starve a request. At most `stream_limit` runs are followed over
-    their event stream at once; a run that starts while they are all taken is followed by its status.
-    """
+    """Hermes api_server client (tested against 0.19.0); every verb beyond submit/status is gated on its
+    capability flag. Requests and streams have separate pools (`request_limit`, `stream_limit`): open
+    streams never starve a request; a run that starts while every stream is taken is polled instead."""
 
     name = NAME
 
@@ -211,8 +208,7 @@ class HermesApiLane:
     # -- following ---------------------------------------------------------------------------------
 
     @property
-    def streams_open(self) -> int:
-        """How many runs are followed over their event stream right now."""
+    def streams_open(self) -> int:  # how many runs are followed over their event stream right now
         return self._streams_open
 
     async def follow(self, ticket: RunTicket, emit: Emit) -> None:
