@@ -2,6 +2,11 @@
 PY ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+# The real Hermes Agent the hermes-api lane is tested against, in its own environment: its pins
+# (openai 2, pydantic 2.13, websockets 15, cryptography 46) conflict with ours. aiohttp: its api_server.
+HERMES_VENV := .venv-hermes
+HERMES_PIN := hermes-agent==0.19.0 aiohttp==3.14.5
+HERMES_STAMP := $(HERMES_VENV)/.installed-0.19.0
 
 .PHONY: run test setup system-deps lint bench clean
 
@@ -59,7 +64,13 @@ $(STAMP): pyproject.toml
 	PYTHONWARNINGS='$(QUIET_SETUPTOOLS)' $(VENV)/bin/pip install --quiet -e '.[dev,audio]'
 	touch $(STAMP)
 
-setup: system-deps $(STAMP)
+$(HERMES_STAMP):
+	rm -rf $(HERMES_VENV)
+	$(PY) -m venv $(HERMES_VENV)
+	$(HERMES_VENV)/bin/pip install --quiet $(HERMES_PIN)
+	touch $(HERMES_STAMP)
+
+setup: system-deps $(STAMP) $(HERMES_STAMP)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(HERMES_VENV) .pytest_cache .ruff_cache

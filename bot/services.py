@@ -69,7 +69,7 @@ def runs_config(settings: Settings) -> RunsConfig:
     return RunsConfig(lanes=settings.agent_lanes, hermes_url=settings.hermes_api_url, hermes_key=key,
                       command=settings.agent_command, profile=settings.agent_profile,
                       timeout_s=settings.agent_timeout_s, agent_env=settings.agent_env,
-                      workdir=settings.home / AGENT_WORKDIR)
+                      workdir=settings.home / AGENT_WORKDIR, hermes_max_runs=settings.hermes_max_concurrent_runs)
 
 
 def process_secrets(settings: Settings) -> tuple[str, ...]:

@@ -116,6 +116,7 @@ class Settings(BaseSettings):
     agent_profile: str | None = Field(None, validation_alias="SWITCHBOARD_AGENT_PROFILE")
     agent_timeout_s: float = Field(1800.0, validation_alias="SWITCHBOARD_AGENT_TIMEOUT_S")
     agent_env: tuple[str, ...] = Field((), validation_alias="SWITCHBOARD_AGENT_ENV")
+    hermes_max_concurrent_runs: int = Field(10, validation_alias="HERMES_MAX_CONCURRENT_RUNS")
 
     # -- the Smartnumbers listener ------------------------------------------------------------------
     listener_key: SecretStr | None = Field(None, validation_alias="TRANSCRIPT_LISTENER_API_KEY")
@@ -266,6 +267,11 @@ class Settings(BaseSettings):
     @classmethod
     def _min_interruption(cls, value: Any) -> int:
         return rules.whole_number(value, 0, 5000, "milliseconds", "400; 0 = any speech interrupts at once")
+
+    @field_validator("hermes_max_concurrent_runs", mode="before")
+    @classmethod
+    def _hermes_max_runs(cls, value: Any) -> int:
+        return rules.whole_number(value, 1, 10000, "runs", "10, Hermes's own max_concurrent_runs")
 
     @field_validator("idle_leave_s", "agent_timeout_s", mode="before")
     @classmethod

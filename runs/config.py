@@ -24,7 +24,9 @@ class RunsConfig:
     variables the command's agent may see beyond the allow-list (`agent_command.AGENT_ENV_NAMES`);
     a secret's name is refused (ValueError), never passed. `workdir`: the folder the command's agent
     starts in (created owner-only when missing) — never Switchboard's own working folder, where its
-    `.env` may be; None: a new private temporary folder per process.
+    `.env` may be; None: a new private temporary folder per process. `hermes_max_runs`: how many runs
+    the hermes-api lane keeps going at Hermes at once (its api_server's `max_concurrent_runs`, 10 by
+    default); more wait their turn in Switchboard.
     """
 
     lanes: tuple[str, ...] = DEFAULT_LANES
@@ -42,6 +44,7 @@ class RunsConfig:
     spoken_chars: int = 600
     agent_env: tuple[str, ...] = ()
     workdir: Path | None = None
+    hermes_max_runs: int = 10
 
     def __post_init__(self) -> None:
         unknown = [lane for lane in self.lanes if lane not in LANE_NAMES]
@@ -52,6 +55,8 @@ class RunsConfig:
         for name in ("timeout_s", "approval_timeout_s", "stop_grace_s", "probe_timeout_s", "poll_interval_s"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
+        if self.hermes_max_runs < 1:
+            raise ValueError("hermes_max_runs must be at least 1")
         if self.output_cap_bytes < 256:
             raise ValueError("output_cap_bytes must be at least 256")
         object.__setattr__(self, "agent_env", check_agent_env(self.agent_env))

@@ -203,12 +203,12 @@ def advance(ticket: RunTicket, obs: Observation, now: float, *, approval_timeout
     if isinstance(obs, Finished):
         return Step(_finish(ticket, obs, now), (Settle(),))
 
-    if state is RunState.STARTING:
-        raise InvalidTransition(f"run {ticket.id} reported {type(obs).__name__} before the lane accepted it")
-
-    if isinstance(obs, Progress):
+    if isinstance(obs, Progress):  # also before the lane accepted it ("queued at Hermes")
         text = obs.text[:300]
         return Step(ticket if text == ticket.progress else replace(ticket, progress=text, updated_at=now))
+
+    if state is RunState.STARTING:
+        raise InvalidTransition(f"run {ticket.id} reported {type(obs).__name__} before the lane accepted it")
 
     if isinstance(obs, Running):
         if state is RunState.WAITING_FOR_APPROVAL:
@@ -241,8 +241,8 @@ def _finish(ticket: RunTicket, obs: Finished, now: float) -> RunTicket:
         state, error = RunState.FAILED, stop.reason
     elif stop is not None and obs.interrupted and state is RunState.FAILED:
         state, error = RunState.CANCELLED, None  # killed because someone asked, not because it broke
-    if state is RunState.CANCELLED and error is None and stop is not None and stop.reason:
-        error = f"stopped: {stop.reason}"
+    if state is RunState.CANCELLED and stop is not None and stop.reason:
+        error = f"stopped: {stop.reason}"  # asked for: whatever the lane guessed about why it ended
     return replace(ticket, state=state, output=obs.output, output_cut=obs.output_cut, error=error,
                    approval=None, finished_at=now, updated_at=now)
 

@@ -19,6 +19,13 @@ from runs.core import (
 CAPABILITIES_OBJECT = "hermes.api_server.capabilities"
 ACTIVE_STATUSES = frozenset({"started", "queued", "running", "waiting_for_approval", "stopping"})
 TERMINAL_STATUSES = frozenset({"completed", "failed", "cancelled", "interrupted"})
+# What the real api_server offers when an approval event names no choices (tools/approval.py's default).
+DEFAULT_APPROVAL_CHOICES = ("once", "session", "always", "deny")
+# A `run.cancelled` nobody asked for: the gateway cancels every run's task when it shuts down. (When
+# Switchboard asked, the ticket's stop request says so instead: `core._finish`.)
+HERMES_STOPPED = "Hermes stopped the run (it was shutting down); ask again to start it anew"
+HERMES_LOST = ("Hermes restarted and lost this run: it keeps run status in memory only, so what the run "
+               "did is gone; ask again to start it anew")
 
 
 class NotHermes(ValueError):
@@ -75,7 +82,7 @@ def _text(value: Any, limit: int = 200) -> str:
 
 def _approval(payload: dict) -> ApprovalRequested:
     choices = payload.get("choices")
-    choices = tuple(str(c).lower() for c in choices) if isinstance(choices, list) else ()
+    choices = tuple(str(c).lower() for c in choices) if isinstance(choices, list) else DEFAULT_APPROVAL_CHOICES
     request_id = payload.get("request_id")
     description = (_text(payload.get("description")) or _text(payload.get("command"))
                    or "an action that needs permission")
@@ -107,7 +114,7 @@ def event_observations(name: str, payload: dict) -> list[Observation]:
     if name == "run.failed":
         return [Finished(RunState.FAILED, error=_text(payload.get("error"), 500) or "the agent run failed")]
     if name == "run.cancelled":
-        return [Finished(RunState.CANCELLED, interrupted=True)]
+        return [Finished(RunState.CANCELLED, error=HERMES_STOPPED, interrupted=True)]
     return []
 
 
@@ -119,8 +126,11 @@ def _str_or_empty(value: Any) -> str:
     return value if isinstance(value, str) else ("" if value is None else json.dumps(value))
 
 
-def status_observation(status: Any) -> Observation | None:
-    """GET /v1/runs/{id} → what it proves about the run (None: an unknown or malformed status)."""
+def status_observation(status: Any, asked: ApprovalRequested | None = None) -> Observation | None:
+    """GET /v1/runs/{id} → what it proves about the run (None: an unknown or malformed status).
+
+    The real status of a run `waiting_for_approval` carries no approval object: `asked` is the question
+    its event stream put (choices and all), else the question is Hermes's default one."""
     if not isinstance(status, dict):
         return None
     value = status.get("status")
@@ -129,13 +139,16 @@ def status_observation(status: Any) -> Observation | None:
     if value == "failed":
         return Finished(RunState.FAILED, error=_text(status.get("error"), 500) or "the agent run failed")
     if value == "cancelled":
-        return Finished(RunState.CANCELLED, interrupted=True)
+        return Finished(RunState.CANCELLED, error=HERMES_STOPPED, interrupted=True)
     if value == "interrupted":
         detail = _text(status.get("error"), 300) or "its gateway restarted before it settled"
         return Finished(RunState.LOST, error=f"Hermes reports the run was interrupted: {detail}")
     if value == "waiting_for_approval":
         approval = status.get("approval")
-        return _approval(approval if isinstance(approval, dict) else {})
+        if isinstance(approval, dict):
+            return _approval(approval)
+        return asked or ApprovalRequested(None, DEFAULT_APPROVAL_CHOICES,
+                                          "an action that needs permission (Hermes's status does not say which)")
     if value in ACTIVE_STATUSES:
         return Running()
     return None

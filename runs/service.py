@@ -40,7 +40,7 @@ from runs.core import (
     receipt_on_pending,
     receipt_on_stop,
 )
-from runs.lanes import CommandLane, HermesApiLane, Lane, LaneError, LaneProbe
+from runs.lanes import AlreadyEnded, CommandLane, HermesApiLane, Lane, LaneError, LaneProbe, SubmitUnknown
 from runs.procs import elsewhere, owner_alive, owner_token
 from runs.repository import MIGRATIONS, RunRepository
 from runs.results import (
@@ -268,8 +268,15 @@ class RunService:
 
     async def _run(self, ticket: RunTicket, context: str = "") -> None:
         lane = self.lanes[ticket.lane]
+        sent = replace(ticket, task=f"{ticket.task}\n\n{context}") if context else ticket
         try:
-            external_id = await lane.start(replace(ticket, task=f"{ticket.task}\n\n{context}") if context else ticket)
+            if isinstance(lane, HermesApiLane):  # it may queue the run first, and says so
+                external_id = await lane.start(sent, lambda obs: self._observe(ticket.id, obs))
+            else:
+                external_id = await lane.start(sent)
+        except SubmitUnknown as exc:
+            await self._observe(ticket.id, Finished(RunState.LOST, error=f"its start is unknown: {exc}"))
+            return
         except LaneError as exc:
             await self._observe(ticket.id, Finished(RunState.FAILED, error=f"{lane.name} could not start it: {exc}"))
             return
@@ -506,6 +513,10 @@ class RunService:
                            f"run {ticket.id} will be stopped as soon as {lane.name} accepts it")
         try:
             said = await lane.stop(ticket)
+        except AlreadyEnded as ended:  # it finished before the stop reached it: that is the answer
+            await self._observe(ticket.id, ended.observation)
+            after = await self._get(ticket.id)
+            return Stopped(after.id, StopOutcome.ALREADY_ENDED, after.state, wording.ended_before_stop(after))
         except LaneError as exc:
             return Refused(self._scrub_for(ticket.id)(f"could not stop run {ticket.id}: {exc}"))
         now = self._clock()

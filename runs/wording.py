@@ -65,10 +65,21 @@ def announcement(ticket: RunTicket, limit: int) -> str:
     if ticket.state is RunState.FAILED:
         return f"{head} failed: {bounded(ticket.error, limit) or 'no reason given'}"
     if ticket.state is RunState.CANCELLED:
+        if ticket.stop is None and ticket.error:  # nobody here asked: the lane says who stopped it
+            return f"{head}: {bounded(ticket.error, limit)}."
         return f"{head} was stopped."
     if ticket.state is RunState.LOST:
-        return f"{head} was lost: {bounded(ticket.error, limit) or 'its result cannot be known'}"
+        text = f"{head} was lost: {bounded(ticket.error, limit) or 'its result cannot be known'}"
+        return text + (f" Last seen: {bounded(ticket.progress, 120)}." if ticket.progress else "")
     raise ValueError(f"run {ticket.id} has not finished")
+
+
+def ended_before_stop(ticket: RunTicket) -> str:
+    """What a stop that came too late answers: how the run ended, with its result."""
+    text = f"run {ticket.id} had already {STATE_WORDS[ticket.state]} before the stop reached it"
+    if ticket.state is RunState.COMPLETED and ticket.output:
+        return f"{text}: {bounded(ticket.output, 300)}"
+    return text + (f": {bounded(ticket.error, 300)}" if ticket.error else "")
 
 
 def approval_question(ticket: RunTicket, timeout_s: float) -> str:

@@ -283,7 +283,9 @@ def agent_lanes(settings) -> list[Check]:
     rows = []
     for probe in asyncio.run(probe_all()):
         if probe.available:
-            detail = "available" + ("" if probe.can_steer else " (runs can be stopped, not steered)")
+            detail = "available" + ("" if probe.can_steer else
+                                    " (this Hermes offers no steering: runs can be stopped, not steered)"
+                                    if probe.lane == "hermes-api" else " (runs can be stopped, not steered)")
             rows.append(Check(f"agent lane {probe.lane}", "ok", detail))
         else:
             rows.append(Check(f"agent lane {probe.lane}", "warn", probe.detail))

@@ -15,6 +15,19 @@ class LaneError(RuntimeError):
     """A lane refused or failed an operation; the message is one sentence a user can act on."""
 
 
+class SubmitUnknown(LaneError):
+    """The submission went out but no answer came back: the lane may have started the run. It is never
+    sent again (that could start it twice); the run is recorded as unknown and a person decides."""
+
+
+class AlreadyEnded(LaneError):
+    """A stop reached a run that had already ended; `observation` is how it ended."""
+
+    def __init__(self, observation: Observation) -> None:
+        super().__init__("the run had already ended")
+        self.observation = observation
+
+
 @dataclass(frozen=True)
 class LaneProbe:
     """Whether a lane can take a run right now.

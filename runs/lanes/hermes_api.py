@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import replace
 from typing import Any
 
 import httpx
@@ -14,8 +13,9 @@ from httpx_sse import SSEError, aconnect_sse
 from common.tls import verified_tls
 from common.urls import display_url
 from runs.config import RunsConfig
-from runs.core import Accepted, Finished, Observation, RunState, RunTicket
+from runs.core import ApprovalRequested, Finished, Observation, Progress, RunState, RunTicket
 from runs.hermes_wire import (
+    HERMES_LOST,
     HermesFeatures,
     NotHermes,
     decode_event,
@@ -27,16 +27,23 @@ from runs.hermes_wire import (
     pending_notes,
     status_observation,
 )
-from runs.lanes.base import Emit, LaneError, LaneProbe, LaneSnapshot
+from runs.lanes.base import AlreadyEnded, Emit, LaneError, LaneProbe, LaneSnapshot, SubmitUnknown
 
 log = logging.getLogger(__name__)
 
 NAME = "hermes-api"
 ENABLE_HINT = ("enable it in the Hermes gateway with API_SERVER_ENABLED=true and API_SERVER_KEY=<key>, "
                "restart the gateway, and give Switchboard the same key (SWITCHBOARD_HERMES_API_KEY)")
-SUBMIT_RETRY_DELAYS = (0.5, 2.0)
+SUBMIT_RETRY_DELAYS = (0.5, 2.0)  # only for a connection that was refused: the run was certainly not received
+BUSY_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0, 30.0)  # 429 (at its run cap) or 503 (draining): then every 30 s
 MAX_POLL_FAILURES = 6
 SSE_READ_TIMEOUT_S = 100.0  # Hermes sends a keepalive comment every 30 s
+# A stream that carries nothing but keepalives this long may be one whose events went to another
+# subscriber (Hermes has one queue per run): the run's status is asked, and ends the watch if it ended.
+QUIET_S = 60.0
+UNCONFIRMED = ("Switchboard stopped before hermes-api confirmed this run, so it may or may not have started "
+               "there; it was not sent again, so it cannot run twice. Check Hermes, and ask again if it is "
+               "not there")
 # Each followed run holds one event stream (one connection) for as long as it runs, so streams get a
 # pool of their own: however many runs are going, submissions, status, steer and stop always have
 # connections. A run that starts while STREAM_LIMIT streams are open is followed by its status.
@@ -54,13 +61,14 @@ def _http_client(connections: int) -> httpx.AsyncClient:
                              limits=httpx.Limits(max_connections=connections, max_keepalive_connections=connections))
 
 
-class HermesApiLane:
-    """Hermes api_server client. Every verb beyond submit/status is gated on its capability flag.
+class RunGone(LaneError):
+    """Hermes answered 404 for the run: it ended (a stop), or a restart lost it."""
 
-    Requests and event streams use separate connection pools (`request_limit`, `stream_limit`
-    connections): open streams never starve a request. At most `stream_limit` runs are followed over
-    their event stream at once; a run that starts while they are all taken is followed by its status.
-    """
+
+class HermesApiLane:
+    """Hermes api_server client (tested against 0.19.0); every verb beyond submit/status is gated on its
+    capability flag. Requests and streams have separate pools (`request_limit`, `stream_limit`): open
+    streams never starve a request; a run that starts while every stream is taken is polled instead."""
 
     name = NAME
 
@@ -80,6 +88,10 @@ class HermesApiLane:
         self._streams_open = 0
         self._sleep = sleep
         self._features: HermesFeatures | None = None
+        self._slots = asyncio.Semaphore(config.hermes_max_runs)
+        self._holding: set[int] = set()  # tickets holding a slot, until their follow ends
+        self._poll_only: set[int] = set()  # adopted after a restart: their stream may be shared
+        self._asked: dict[int, ApprovalRequested] = {}  # the question each run's stream last put
 
     # -- discovery ---------------------------------------------------------------------------------
 
@@ -127,27 +139,61 @@ class HermesApiLane:
 
     # -- submission --------------------------------------------------------------------------------
 
-    async def start(self, ticket: RunTicket) -> str:
-        """POST /v1/runs under the ticket's Idempotency-Key; a retry replays instead of starting twice."""
-        headers = {**self._auth, "Idempotency-Key": ticket.idempotency_key}
-        body = {"input": ticket.task}
-        response: httpx.Response | None = None
-        for attempt in range(len(SUBMIT_RETRY_DELAYS) + 1):
+    async def start(self, ticket: RunTicket, emit: Emit | None = None) -> str:
+        """Take one of the `hermes_max_runs` slots (waiting, "queued at Hermes", while all are taken),
+        then POST /v1/runs. Hermes ignores Idempotency-Key, so a submission is sent again only when it
+        certainly was not received (the connection was refused); when its fate is unknown it raises
+        `SubmitUnknown` and is never resubmitted. 429/503 mean Hermes is full or draining: retried with
+        backoff, said as "queued at Hermes". The slot is given back when `follow` ends."""
+        if ticket.id not in self._holding:
+            if self._slots.locked() and emit is not None:
+                await emit(Progress(f"queued at Hermes: all {self._config.hermes_max_runs} of its run slots "
+                                    f"are taken; it starts when one frees"))
+            await self._slots.acquire()
+            self._holding.add(ticket.id)
+        try:
+            return await self._submit(ticket, emit)
+        except BaseException:
+            self._free_slot(ticket.id)
+            raise
+
+    def _free_slot(self, run_id: int) -> None:
+        if run_id in self._holding:
+            self._holding.discard(run_id)
+            self._slots.release()
+
+    async def _submit(self, ticket: RunTicket, emit: Emit | None) -> str:
+        refused = busy = 0
+        waited = 0.0
+        while True:
             try:
-                response = await self._client.post(self._url("/v1/runs"), json=body, headers=headers)
-                break
-            except httpx.TransportError as exc:
-                if attempt == len(SUBMIT_RETRY_DELAYS):
-                    raise LaneError(f"hermes-api at {self._where} did not confirm the submission "
-                                    f"({_why(exc)})") from None
-                log.warning("run %s: submission to hermes-api failed (%s); retrying with the same key",
+                response = await self._client.post(self._url("/v1/runs"), json={"input": ticket.task},
+                                                   headers=self._auth)
+            except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
+                if refused == len(SUBMIT_RETRY_DELAYS):
+                    raise LaneError(f"hermes-api at {self._where} is not running ({_why(exc)})") from None
+                log.warning("run %s: hermes-api refused the connection (%s); nothing was sent, trying again",
                             ticket.id, _why(exc))
-                await self._sleep(SUBMIT_RETRY_DELAYS[attempt])
-        assert response is not None
+                await self._sleep(SUBMIT_RETRY_DELAYS[refused])
+                refused += 1
+                continue
+            except httpx.TransportError as exc:
+                raise SubmitUnknown(f"hermes-api at {self._where} may have started it: the submission went out "
+                                    f"but no answer came back ({_why(exc)}). It was not sent again, so it "
+                                    f"cannot run twice; check Hermes, and ask again if it is not there") from None
+            if response.status_code not in (429, 503):
+                break
+            if waited >= self._config.timeout_s:
+                raise LaneError(f"hermes-api stayed busy for {waited:g} s ({error_message(_json(response), '')})")
+            if busy == 0 and emit is not None:
+                why = "draining for a restart" if response.status_code == 503 else "running all the runs it takes"
+                await emit(Progress(f"queued at Hermes: it is {why}; trying again shortly"))
+            delay = BUSY_DELAYS[min(busy, len(BUSY_DELAYS) - 1)]
+            busy += 1
+            waited += delay
+            await self._sleep(delay)
         data = _json(response)
         if response.status_code == 202 and isinstance(data, dict) and isinstance(data.get("run_id"), str):
-            if data.get("replayed"):
-                log.info("run %s: hermes-api replayed %s for our idempotency key", ticket.id, data["run_id"])
             return data["run_id"]
         raise LaneError(self._refusal("refused the run", response, data))
 
@@ -155,8 +201,6 @@ class HermesApiLane:
         code = response.status_code
         if code in (401, 403):
             return f"hermes-api at {self._where} rejected my key"
-        if code == 409 and isinstance(data, dict) and (data.get("error") or {}).get("code") == "idempotency_key_conflict":
-            return "hermes-api says this run's idempotency key was already used for a different task"
         if code in (429, 503):
             return f"hermes-api is busy ({error_message(data, f'HTTP {code}')})"
         return f"hermes-api {what} (HTTP {code}: {error_message(data, 'no reason given')})"
@@ -164,16 +208,25 @@ class HermesApiLane:
     # -- following ---------------------------------------------------------------------------------
 
     @property
-    def streams_open(self) -> int:
-        """How many runs are followed over their event stream right now."""
+    def streams_open(self) -> int:  # how many runs are followed over their event stream right now
         return self._streams_open
 
     async def follow(self, ticket: RunTicket, emit: Emit) -> None:
-        """Read the run's event stream; when it drops, is unavailable, or every stream slot is taken,
-        poll the status until it ends (a stream opened later could replay questions already answered)."""
-        features = await self._ensure_features()
-        if features.events and self._streams_open < self._stream_limit and await self._stream(ticket, emit):
-            return
+        """Read the run's event stream; when it drops, is unavailable, goes quiet past `QUIET_S`, every
+        stream slot is taken, or the run was adopted after a restart (its stream may be shared with a
+        dead subscriber, which would take its last events with it), poll the status until it ends."""
+        try:
+            features = await self._ensure_features()
+            if (features.events and ticket.id not in self._poll_only and self._streams_open < self._stream_limit
+                    and await self._stream(ticket, emit)):
+                return
+            await self._poll(ticket, emit)
+        finally:
+            self._free_slot(ticket.id)
+            self._poll_only.discard(ticket.id)
+            self._asked.pop(ticket.id, None)
+
+    async def _poll(self, ticket: RunTicket, emit: Emit) -> None:
         failures = 0
         while True:
             try:
@@ -193,12 +246,42 @@ class HermesApiLane:
             await self._sleep(self._config.poll_interval_s)
 
     async def _stream(self, ticket: RunTicket, emit: Emit) -> bool:
-        """True when the stream delivered the run's end; False when it dropped or could not open."""
+        """True when the run's end was seen (on the stream, or by asking once it went quiet); False when
+        the stream dropped or could not open."""
         self._streams_open += 1
+        heard = [0]
+
+        async def counted(obs: Observation) -> None:
+            heard[0] += 1
+            if isinstance(obs, ApprovalRequested):
+                self._asked[ticket.id] = obs
+            await emit(obs)
+
+        reader = asyncio.create_task(self._read_stream(ticket, counted))
+        watcher = asyncio.create_task(self._quiet_watch(ticket, emit, heard))
         try:
-            return await self._read_stream(ticket, emit)
+            done, _ = await asyncio.wait({reader, watcher}, return_when=asyncio.FIRST_COMPLETED)
+            return (reader if reader in done else watcher).result()
         finally:
+            for task in (reader, watcher):
+                task.cancel()
+            await asyncio.gather(reader, watcher, return_exceptions=True)
             self._streams_open -= 1
+
+    async def _quiet_watch(self, ticket: RunTicket, emit: Emit, heard: list[int]) -> bool:
+        while True:
+            before = heard[0]
+            await self._sleep(QUIET_S)
+            if heard[0] != before:
+                continue
+            try:
+                snapshot = await self.snapshot(ticket)
+            except LaneError:
+                continue
+            if snapshot is not None and snapshot.terminal and snapshot.observation is not None:
+                log.info("run %s: its stream went quiet and its status says it ended", ticket.id)
+                await emit(snapshot.observation)
+                return True
 
     async def _read_stream(self, ticket: RunTicket, emit: Emit) -> bool:
         timeout = httpx.Timeout(30.0, connect=5.0, read=SSE_READ_TIMEOUT_S)
@@ -233,19 +316,19 @@ class HermesApiLane:
                             f"({_why(exc)})") from None
         data = _json(response)
         if response.status_code == 404:
-            return LaneSnapshot(Finished(RunState.LOST, error="hermes-api no longer knows this run (its "
-                                         "status expired, or the gateway lost it)"), terminal=True)
+            return LaneSnapshot(Finished(RunState.LOST, error=HERMES_LOST), terminal=True)
         if response.status_code != 200 or not isinstance(data, dict):
             raise LaneError(self._refusal("could not report the run", response, data))
-        return LaneSnapshot(status_observation(data), pending_notes(data), is_terminal_status(data))
+        return LaneSnapshot(status_observation(data, self._asked.get(ticket.id)), pending_notes(data),
+                            is_terminal_status(data))
 
     # -- control -----------------------------------------------------------------------------------
 
     async def steer(self, ticket: RunTicket, text: str) -> None:
         features = await self._ensure_features()
         if not features.steer:
-            raise LaneError("this Hermes api_server does not offer steering (run_steer); update Hermes "
-                            "Agent, or stop the run instead")
+            raise LaneError("this Hermes does not offer steering (its api_server lists no run_steer), so a "
+                            "note cannot reach the run; I can stop it instead")
         await self._control(ticket, "steer", {"input": text}, "did not take the note")
 
     async def answer(self, ticket: RunTicket, request_id: str | None, choice: str) -> None:
@@ -261,7 +344,13 @@ class HermesApiLane:
         features = await self._ensure_features()
         if not features.stop:
             raise LaneError("this Hermes api_server does not offer run_stop; stop it from Hermes itself")
-        data = await self._control(ticket, "stop", None, "did not stop the run")
+        try:
+            data = await self._control(ticket, "stop", None, "did not stop the run")
+        except RunGone:  # Hermes answers 404 once a run has ended (or was lost in a restart)
+            snapshot = await self.snapshot(ticket)
+            if snapshot is not None and snapshot.terminal and snapshot.observation is not None:
+                raise AlreadyEnded(snapshot.observation) from None
+            raise
         status = data.get("status") if isinstance(data, dict) else None
         return status if isinstance(status, str) else "stopping"
 
@@ -278,25 +367,22 @@ class HermesApiLane:
         if response.status_code == 200:
             return data
         if response.status_code == 404:
-            raise LaneError("hermes-api no longer knows this run")
+            raise RunGone("hermes-api no longer knows this run")
         raise LaneError(self._refusal(failed, response, data))
 
     async def reconcile(self, ticket: RunTicket) -> list[Observation]:
-        """After a restart: re-submit an unconfirmed submission (same key: replayed, never doubled),
-        then ask for the status. Unreachable → lost: its fate cannot be known from here."""
-        observations: list[Observation] = []
+        """After a restart: a submission never confirmed is not sent again (Hermes ignores idempotency
+        keys, so that could start it twice): its fate is unknown. A confirmed run's status is asked, and it
+        is followed by its status from then on. Unreachable → lost: its fate cannot be known from here."""
+        if not ticket.external_id:
+            return [Finished(RunState.LOST, error=UNCONFIRMED)]
         try:
-            if not ticket.external_id:
-                run_id = await self.start(ticket)
-                observations.append(Accepted(run_id))
-                ticket = _with_external(ticket, run_id)
             snapshot = await self.snapshot(ticket)
         except LaneError as exc:
-            return [*observations, Finished(RunState.LOST, error=f"Switchboard restarted and could not ask "
-                                                                  f"hermes-api about it: {exc}")]
-        if snapshot is not None and snapshot.observation is not None:
-            observations.append(snapshot.observation)
-        return observations
+            return [Finished(RunState.LOST, error=f"Switchboard restarted and could not ask hermes-api about it: "
+                                                  f"{exc}")]
+        self._poll_only.add(ticket.id)
+        return [snapshot.observation] if snapshot is not None and snapshot.observation is not None else []
 
     async def aclose(self) -> None:
         await self._streams.aclose()
@@ -305,10 +391,6 @@ class HermesApiLane:
 
     def _url(self, path: str) -> str:
         return self._base + path
-
-
-def _with_external(ticket: RunTicket, run_id: str) -> RunTicket:
-    return replace(ticket, external_id=run_id)
 
 
 def _json(response: httpx.Response) -> Any:

@@ -61,6 +61,8 @@ from tests.support.paths import ROOT
     # a stream URL the listener key may not go to stops every command, in the usual form (item 15)
     ("SMARTNUMBERS_STREAM_URL", "ws://203.0.113.5/ws", "only wss:// is accepted"),
     ("SMARTNUMBERS_STREAM_URL", "wss://evil.example/ws/hermes", "not in SMARTNUMBERS_ALLOWED_STREAM_HOSTS"),
+    ("HERMES_MAX_CONCURRENT_RUNS", "0", "must be between 1 and 10000 runs"),
+    ("HERMES_MAX_CONCURRENT_RUNS", "ten", "is not a whole number of runs"),
 ])
 def test_each_malformed_value_is_one_problem_naming_the_variable_and_quoting_the_value(name, value, reason):
     report = check_settings({name: value})
@@ -115,6 +117,8 @@ def test_settings_for_discord_and_runs_have_documented_defaults():
     assert settings.hermes_api_url == "http://127.0.0.1:8642" and settings.hermes_api_key is None
     assert settings.agent_command == ("hermes", "-z", "{task}") and settings.agent_profile is None
     assert settings.agent_timeout_s == 1800.0
+    assert settings.hermes_max_concurrent_runs == 10  # Hermes's own max_concurrent_runs
+    assert Settings.from_env({"HERMES_MAX_CONCURRENT_RUNS": "4"}).hermes_max_concurrent_runs == 4
 
 
 def test_settings_for_discord_and_runs_parse():

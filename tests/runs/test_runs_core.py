@@ -42,6 +42,8 @@ from runs.core import (
     receipt_on_stop,
 )
 from runs.hermes_wire import (
+    DEFAULT_APPROVAL_CHOICES,
+    HERMES_STOPPED,
     NotHermes,
     decode_event,
     event_observations,
@@ -83,9 +85,11 @@ def test_a_second_acceptance_under_another_id_is_a_lane_bug():
         step(running(), Accepted("run_2"))
 
 
-def test_progress_before_acceptance_is_refused_and_repeated_progress_changes_nothing():
+def test_progress_before_acceptance_is_kept_other_reports_are_refused_and_repeats_change_nothing():
+    queued = step(ticket(), Progress("queued at Hermes: it is busy")).ticket  # a lane waiting for room
+    assert queued.state is RunState.STARTING and queued.progress == "queued at Hermes: it is busy"
     with pytest.raises(InvalidTransition):
-        step(ticket(), Progress("using web_search"))
+        step(ticket(), Running())
     once = step(running(), Progress("using web_search")).ticket
     assert once.progress == "using web_search"
     assert step(once, Progress("using web_search"), now=T0 + 50).ticket is once
@@ -224,7 +228,9 @@ def test_run_events_map_to_observations():
                                                        "command": "rm -rf build"})[0]
     assert approval == ApprovalRequested("r1", ("once", "always", "deny"), "rm -rf build")
     assert event_observations("run.completed", {"output": "ok"}) == [Finished(RunState.COMPLETED, output="ok")]
-    assert event_observations("run.cancelled", {}) == [Finished(RunState.CANCELLED, interrupted=True)]
+    # bare: nobody here asked (a gateway shutting down); a stop we asked for overrides it (core._finish)
+    assert event_observations("run.cancelled", {}) == [Finished(RunState.CANCELLED, error=HERMES_STOPPED,
+                                                                interrupted=True)]
     assert event_observations("run.steered", {"accepted": True}) == []
     assert event_observations("reasoning.delta", {"text": "…"}) == []
 
@@ -237,7 +243,12 @@ def test_run_statuses_map_to_observations():
     assert lost.state is RunState.LOST and "interrupted" in lost.error
     waiting = status_observation({"status": "waiting_for_approval",
                                   "approval": {"request_id": "r2", "description": "push to main"}})
-    assert waiting == ApprovalRequested("r2", (), "push to main")
+    assert waiting == ApprovalRequested("r2", DEFAULT_APPROVAL_CHOICES, "push to main")
+    # 0.19.0's status names no question: the one its stream put keeps its choices, else Hermes's default
+    asked = ApprovalRequested(None, ("once", "deny"), "rm -rf build")
+    assert status_observation({"status": "waiting_for_approval"}, asked) == asked
+    bare = status_observation({"status": "waiting_for_approval"})
+    assert bare.choices == DEFAULT_APPROVAL_CHOICES and "needs permission" in bare.description
     assert status_observation({"status": "something-new"}) is None
     assert pending_notes({"pending_steer": ["a", "b"]}) == "a\nb"
     assert pending_notes({"status": "running"}) == ""

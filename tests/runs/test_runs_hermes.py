@@ -17,9 +17,11 @@ from runs.core import (
     RunState,
     RunTicket,
 )
-from runs.lanes import HermesApiLane, LaneError
+from runs.hermes_wire import HERMES_LOST, HERMES_STOPPED
+from runs.lanes import HermesApiLane, LaneError, SubmitUnknown
+from runs.lanes.hermes_api import QUIET_S, UNCONFIRMED
 from tests.support.clock import VirtualClock
-from tests.support.fake_hermes import DEFAULT_FEATURES, FakeHermes
+from tests.support.fake_hermes import DEFAULT_FEATURES, STEER_FEATURES, FakeHermes
 from tests.support.runs import KEY, SAFETY_S, free_port
 
 
@@ -52,21 +54,16 @@ class Collector:
 # -- the fake is strict ----------------------------------------------------------------------------
 
 async def test_fake_rejects_what_the_real_api_server_rejects():
-    async with FakeHermes(key=KEY) as fake, httpx.AsyncClient(base_url=fake.url) as http:
+    async with FakeHermes(key=KEY, features=STEER_FEATURES) as fake, httpx.AsyncClient(base_url=fake.url) as http:
         auth = {"Authorization": f"Bearer {KEY}"}
         assert (await http.get("/v1/capabilities")).status_code == 401
         assert (await http.get("/v1/capabilities", headers={"Authorization": "Bearer nope"})).status_code == 401
         assert (await http.post("/v1/runs", json={"instructions": "x"}, headers=auth)).status_code == 400
         assert (await http.post("/v1/runs", content=b"{not json", headers=auth)).status_code == 400
-        for bad_key in ("has space", "x" * 256, "tab\there"):
-            response = await http.post("/v1/runs", json={"input": "t"}, headers={**auth, "Idempotency-Key": bad_key})
-            assert response.status_code == 400 and response.json()["error"]["code"] == "invalid_idempotency_key"
+        # like hermes-agent 0.19.0, it ignores Idempotency-Key: the same key twice is two runs
         first = await http.post("/v1/runs", json={"input": "t"}, headers={**auth, "Idempotency-Key": "k1"})
-        replay = await http.post("/v1/runs", json={"input": "t"}, headers={**auth, "Idempotency-Key": "k1"})
-        assert first.status_code == replay.status_code == 202
-        assert replay.json() == {"run_id": first.json()["run_id"], "status": "running", "replayed": True}
-        conflict = await http.post("/v1/runs", json={"input": "other"}, headers={**auth, "Idempotency-Key": "k1"})
-        assert conflict.status_code == 409 and conflict.json()["error"]["code"] == "idempotency_key_conflict"
+        again = await http.post("/v1/runs", json={"input": "t"}, headers={**auth, "Idempotency-Key": "k1"})
+        assert first.status_code == again.status_code == 202 and first.json()["run_id"] != again.json()["run_id"]
         run_id = first.json()["run_id"]
         assert (await http.post(f"/v1/runs/{run_id}/steer", json={"input": " "}, headers=auth)).status_code == 400
         assert (await http.post(f"/v1/runs/{run_id}/approval", json={"choice": "once"},
@@ -77,8 +74,10 @@ async def test_fake_rejects_what_the_real_api_server_rejects():
         assert (await http.post(f"/v1/runs/{run_id}/steer", json={"input": "x"},
                                 headers=auth)).status_code == 409  # waiting, not running
         assert (await http.get("/v1/runs/run_missing", headers=auth)).status_code == 404
-        assert fake.submissions == 1
-        assert len(fake.violations) == 13
+        fake.complete(run_id)
+        assert (await http.post(f"/v1/runs/{run_id}/stop", headers=auth)).status_code == 404  # ended
+        assert fake.submissions == 2
+        assert len(fake.violations) == 9  # a stop racing the run's end is no client bug
         with pytest.raises(AssertionError, match="would reject"):
             fake.assert_clean()
 
@@ -126,8 +125,7 @@ async def test_a_missing_key_against_a_keyed_server_says_which_variable_to_set()
 
 
 async def test_features_are_detected_from_capabilities():
-    no_steer = {k: v for k, v in DEFAULT_FEATURES.items() if k != "run_steer"}
-    async with FakeHermes(key=KEY, features=no_steer) as fake:
+    async with FakeHermes(key=KEY, features=DEFAULT_FEATURES) as fake:  # 0.19.0: no run_steer
         lane = lane_for(fake)
         probe = await lane.probe()
         run_id = await lane.start(ticket())
@@ -146,17 +144,14 @@ async def test_features_are_detected_from_capabilities():
 
 # -- submission ------------------------------------------------------------------------------------
 
-async def test_submission_carries_the_tickets_idempotency_key_and_a_retry_replays():
+async def test_a_submission_is_sent_once_with_the_task_as_input():
     async with FakeHermes(key=KEY) as fake:
         lane = lane_for(fake)
-        first = await lane.start(ticket())
-        again = await lane.start(ticket())
+        run_id = await lane.start(ticket())
         await lane.aclose()
         fake.assert_clean()
-    assert first == again and fake.submissions == 1
-    posts = [r for r in fake.requests if r["method"] == "POST"]
-    assert [r["idempotency_key"] for r in posts] == ["switchboard-0123456789abcdef"] * 2
-    assert posts[0]["body"] == {"input": "audit the auth module"}
+    assert run_id == fake.only_run().run_id and fake.submissions == 1
+    assert [r["body"] for r in fake.requests if r["method"] == "POST"] == [{"input": "audit the auth module"}]
 
 
 class LoseFirstResponse(httpx.AsyncBaseTransport):
@@ -178,9 +173,30 @@ class LoseFirstResponse(httpx.AsyncBaseTransport):
         await self.inner.aclose()
 
 
-async def test_a_submission_whose_answer_was_lost_is_retried_without_starting_a_second_run():
-    vt = VirtualClock(1_750_000_000.0)
+class RefuseFirstConnection(LoseFirstResponse):
+    """The first POST never leaves: its connection is refused."""
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "POST" and not self.lost:
+            self.lost += 1
+            raise httpx.ConnectError("connection refused", request=request)
+        return await self.inner.handle_async_request(request)
+
+
+async def test_a_submission_whose_answer_was_lost_is_never_sent_again_and_says_so():
+    """Hermes ignores Idempotency-Key: a resend could start the run twice, so its fate is unknown."""
     transport = LoseFirstResponse()
+    async with FakeHermes(key=KEY) as fake, httpx.AsyncClient(transport=transport) as client:
+        lane = lane_for(fake, client=client)
+        with pytest.raises(SubmitUnknown, match="may have started it.*not sent again"):
+            await lane.start(ticket())
+        fake.assert_clean()
+    assert transport.lost == 1 and fake.submissions == 1
+
+
+async def test_a_refused_connection_is_retried_because_nothing_was_sent():
+    vt = VirtualClock(1_750_000_000.0)
+    transport = RefuseFirstConnection()
     async with FakeHermes(key=KEY) as fake, httpx.AsyncClient(transport=transport) as client:
         lane = lane_for(fake, client=client, sleep=vt.sleep)
         start = asyncio.create_task(lane.start(ticket()))
@@ -212,20 +228,20 @@ async def test_events_become_progress_approval_and_completion(sse_event_field):
         await asyncio.wait_for(fake.runs[run_id].stream_open.wait(), SAFETY_S)
         fake.keepalive(run_id)
         fake.progress(run_id, "web_search", "auth module")
-        request_id = fake.request_approval(run_id, description="run `git push`")
+        fake.request_approval(run_id, description="run `git push`")
         await asyncio.wait_for(seen.wait_for(ApprovalRequested), SAFETY_S)
-        await lane.answer(ticket(external_id=run_id), request_id, "once")
+        await lane.answer(ticket(external_id=run_id), None, "once")
         fake.complete(run_id, "three gaps found")
         await asyncio.wait_for(follow, SAFETY_S)
         await lane.aclose()
         fake.assert_clean()
     assert seen.seen == [
         Progress("using web_search: auth module"),
-        ApprovalRequested(request_id, ("once", "session", "always", "deny"), "run `git push`"),
+        ApprovalRequested(None, ("once", "session", "always", "deny"), "run `git push`"),
         ApprovalAnswered("once"),
         Finished(RunState.COMPLETED, output="three gaps found"),
     ]
-    assert fake.runs[run_id].answers == [{"choice": "once", "request_id": request_id}]
+    assert fake.runs[run_id].answers == [{"choice": "once"}]
 
 
 async def test_a_dropped_stream_is_reconciled_with_the_run_status():
@@ -250,11 +266,31 @@ async def test_a_dropped_stream_is_reconciled_with_the_run_status():
     assert gets.count(f"/v1/runs/{run_id}") == 2 and gets.count(f"/v1/runs/{run_id}/events") == 1
 
 
+async def test_a_stream_quiet_past_its_bound_asks_the_status_and_ends_with_the_result():
+    """Hermes's one queue per run: another subscriber may have taken the end. Only keepalives for
+    QUIET_S → the status is asked, and it carries the result."""
+    vt = VirtualClock(1_750_000_000.0)
+    async with FakeHermes(key=KEY) as fake:
+        lane = lane_for(fake, sleep=vt.sleep)
+        run_id = await lane.start(ticket())
+        seen = Collector()
+        follow = asyncio.create_task(lane.follow(ticket(external_id=run_id), seen))
+        await asyncio.wait_for(fake.runs[run_id].stream_open.wait(), SAFETY_S)
+        await vt.wait_sleeper(lambda d: d == QUIET_S)
+        fake.keepalive(run_id)  # a keepalive is not news: the watch still asks
+        fake.set_status(run_id, "completed", output="the end went elsewhere")
+        vt.advance(QUIET_S)
+        await asyncio.wait_for(follow, SAFETY_S)
+        await lane.aclose()
+        fake.assert_clean()
+    assert seen.seen == [Finished(RunState.COMPLETED, output="the end went elsewhere")]
+
+
 async def test_more_runs_than_stream_connections_all_start_and_finish_and_requests_still_go_through():
     """Four stream connections and four request connections: six runs at once all start and finish
     (four over their event stream, two by their status), and a seventh request is not starved."""
     vt = VirtualClock(1_750_000_000.0)
-    async with FakeHermes(key=KEY) as fake:
+    async with FakeHermes(key=KEY, features=STEER_FEATURES) as fake:  # a Hermes that steers: notes too
         lane = lane_for(fake, sleep=vt.sleep, stream_limit=4, request_limit=4)
         runs, seen, follows = [], [], []
         try:
@@ -315,7 +351,7 @@ def test_pool_limits_below_one_are_refused():
 
 
 async def test_steer_and_stop_use_the_run_endpoints():
-    async with FakeHermes(key=KEY) as fake:
+    async with FakeHermes(key=KEY, features=STEER_FEATURES) as fake:
         lane = lane_for(fake)
         run_id = await lane.start(ticket())
         t = ticket(external_id=run_id)
@@ -329,23 +365,25 @@ async def test_steer_and_stop_use_the_run_endpoints():
         assert (await lane.snapshot(t)).observation == Running()  # stopping is not over yet
         fake.cancel(run_id)
         snapshot = await lane.snapshot(t)
-        assert snapshot.terminal and snapshot.observation == Finished(RunState.CANCELLED, interrupted=True)
+        # the lane cannot tell who stopped it; the ticket's stop request says so (core._finish)
+        assert snapshot.terminal and snapshot.observation == Finished(RunState.CANCELLED, error=HERMES_STOPPED,
+                                                                      interrupted=True)
         await lane.aclose()
         fake.assert_clean()
 
 
-async def test_reconcile_after_a_restart_asks_the_status_or_replays_an_unconfirmed_submission():
+async def test_reconcile_after_a_restart_asks_the_status_and_never_resubmits():
     async with FakeHermes(key=KEY) as fake:
         lane = lane_for(fake)
         run_id = await lane.start(ticket())
         fake.set_status(run_id, "failed", error="out of credits")
         assert await lane.reconcile(ticket(external_id=run_id)) == [Finished(RunState.FAILED, error="out of credits")]
-        # recorded but never confirmed: the same key replays the run, it is not started twice
-        replayed = await lane.reconcile(ticket(idempotency_key="switchboard-0123456789abcdef"))
-        assert replayed[0].external_id == run_id and fake.submissions == 1
+        # recorded but never confirmed: Hermes may have it, so it is not sent again (that could double it)
+        unconfirmed = await lane.reconcile(ticket())
+        assert unconfirmed == [Finished(RunState.LOST, error=UNCONFIRMED)] and fake.submissions == 1
         fake.expect_violation()
         lost = await lane.reconcile(ticket(external_id="run_unknown"))
-        assert lost[0].state is RunState.LOST and "no longer knows" in lost[0].error
+        assert lost == [Finished(RunState.LOST, error=HERMES_LOST)]
         await lane.aclose()
         fake.assert_clean()
 

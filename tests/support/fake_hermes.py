@@ -9,15 +9,20 @@
 
 It speaks the real shapes (`/v1/capabilities`, `POST /v1/runs` → 202, `GET /v1/runs/{id}`,
 `/events` as server-sent events carrying `{"event": name, "run_id", "timestamp", …}` frames and
-`: keepalive` comments, `/steer`, `/approval`, `/stop`) and is as strict as the real server where
-a client bug would show: a missing or wrong bearer is 401, a body without `input` or with bad JSON
-is 400, an Idempotency-Key outside 1–255 visible ASCII is 400, the same key with another body is 409,
-steering a run that is not `running` is 409, an approval choice outside once/session/always/deny is
-400, answering when nothing is pending is 409. Every rejected request is also recorded in
+`: keepalive` comments, `/approval`, `/stop`) as hermes-agent 0.19.0's api_server does (the shapes
+both share are checked by one script run against both: `tests/test_fake_hermes_agrees.py`), and is as
+strict as it where a client bug would show: a missing or wrong bearer is 401, a body without `input` or
+with bad JSON is 400, an approval choice outside once/session/always/deny is 400, answering when
+nothing is pending is 409, stopping a run that has ended is 404. Like the real one it ignores
+`Idempotency-Key` (the same key twice starts two runs), its `waiting_for_approval` status carries no
+approval object, its approval events carry no request id, and a run's events go to one queue: a second
+subscriber, after the first is gone, gets 404. Every rejected request is also recorded in
 `violations`, so `assert_clean()` fails a test whose client sent one — unless the test expected it
 (`expect_violation`).
 
-Beyond the real server: `pending_steer` is reported in the run status from the moment a note is
+Beyond the real server, only when a test asks for it (`features=STEER_FEATURES`): `/steer`, for the
+steering receipts of a Hermes that offers it (0.19.0 does not): steering a run that is not `running`
+is 409; `pending_steer` is reported in the run status from the moment a note is
 accepted until `consume_steer()` (the real one reports leftovers only at the end), so tests can
 drive the receipt states; the test decides every step of a run (nothing advances on its own except
 a stop settling to `cancelled`, which `settle_stop=False` turns off).
@@ -26,7 +31,6 @@ a stop settling to `cancelled`, which `settle_stop=False` turns off).
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import json
 import time
@@ -38,6 +42,7 @@ from aiohttp import web
 TERMINAL = {"completed", "failed", "cancelled", "interrupted"}
 CHOICE_ALIASES = {"approve": "once", "approved": "once", "allow": "once"}
 
+# hermes-agent 0.19.0's run features, as its /v1/capabilities lists them
 DEFAULT_FEATURES = {
     "chat_completions": True,
     "responses_api": True,
@@ -45,12 +50,11 @@ DEFAULT_FEATURES = {
     "run_status": True,
     "run_events_sse": True,
     "run_stop": True,
-    "run_steer": True,
     "run_approval_response": True,
     "tool_progress_events": True,
     "approval_events": True,
-    "runs_idempotency": {"supported": True, "durable": True, "retention_seconds": 86400},
 }
+STEER_FEATURES = {**DEFAULT_FEATURES, "run_steer": True}  # a Hermes that offers steering (not 0.19.0)
 
 _DROP = object()
 _CLOSE = object()
@@ -88,8 +92,6 @@ class FakeRun:
                                 "created_at": self.created_at, "updated_at": self.updated_at}
         if self.error is not None:
             body["error"] = self.error
-        if self.approval is not None and self.status == "waiting_for_approval":
-            body["approval"] = dict(self.approval)
         if self.pending_steer:
             body["pending_steer"] = "\n".join(self.pending_steer)
         return body
@@ -111,9 +113,7 @@ class FakeHermes:
         self.violations: list[str] = []
         self.expected_violations = 0
         self.submissions = 0
-        self._idempotency: dict[str, tuple[str, str]] = {}
         self._ids = itertools.count(1)
-        self._requests_ids = itertools.count(1)
         self._gate: asyncio.Event | None = None
         self.submission_held = asyncio.Event()
         self.run_created = asyncio.Event()
@@ -127,7 +127,8 @@ class FakeHermes:
         app.router.add_post("/v1/runs", self._submit)
         app.router.add_get("/v1/runs/{run_id}", self._status)
         app.router.add_get("/v1/runs/{run_id}/events", self._events)
-        app.router.add_post("/v1/runs/{run_id}/steer", self._steer)
+        if self.features.get("run_steer"):
+            app.router.add_post("/v1/runs/{run_id}/steer", self._steer)
         app.router.add_post("/v1/runs/{run_id}/approval", self._approval)
         app.router.add_post("/v1/runs/{run_id}/stop", self._stop)
         self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
@@ -180,13 +181,12 @@ class FakeHermes:
     def request_approval(self, run_id: str, *, description: str = "run `rm -rf build/`",
                          choices: tuple[str, ...] = ("once", "session", "always", "deny")) -> str:
         run = self.runs[run_id]
-        request_id = f"req_{next(self._requests_ids)}"
-        run.approval = {"command": description, "description": description, "request_id": request_id,
-                        "choices": list(choices)}
+        run.approval = {"command": description, "description": description, "choices": list(choices)}
         run.status = "waiting_for_approval"
-        self.emit(run_id, "approval.request", command=description, description=description,
-                  request_id=request_id, choices=list(choices))
-        return request_id
+        self.emit(run_id, "approval.request", command=description, pattern_key=description,
+                  pattern_keys=[description], description=description, allow_permanent="always" in choices,
+                  choices=list(choices))
+        return None
 
     def consume_steer(self, run_id: str) -> None:
         """The agent drains its notes after a step: they leave pending_steer, and a new event follows."""
@@ -289,11 +289,6 @@ class FakeHermes:
         self._record(request, body)
         if bad is not None:
             return bad
-        key = request.headers.get("Idempotency-Key", "").strip()
-        if "Idempotency-Key" in request.headers and (
-                not key or len(key) > 255 or any(ord(ch) < 33 or ord(ch) > 126 for ch in key)):
-            return self._reject("Idempotency-Key must be 1-255 visible ASCII characters", status=400,
-                                code="invalid_idempotency_key")
         raw = body.get("input")
         if not raw:
             return self._reject("Missing 'input' field", status=400)
@@ -302,23 +297,13 @@ class FakeHermes:
         if self._gate is not None:
             self.submission_held.set()
             await self._gate.wait()
-        fingerprint = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-        if key and key in self._idempotency:
-            run_id, seen = self._idempotency[key]
-            if seen != fingerprint:
-                return self._reject("Idempotency-Key was already used with a different request payload",
-                                    status=409, code="idempotency_key_conflict")
-            return web.json_response({"run_id": run_id, "status": self.runs[run_id].status, "replayed": True},
-                                     status=202, headers={"Idempotency-Replayed": "true"})
         run_id = f"run_{next(self._ids):032x}"
         run = FakeRun(run_id, raw, body)
         self.runs[run_id] = run
         self.submissions += 1
-        if key:
-            self._idempotency[key] = (run_id, fingerprint)
         run.status = "running"
         self.run_created.set()
-        return web.json_response({"run_id": run_id, "status": "started", "replayed": False}, status=202)
+        return web.json_response({"run_id": run_id, "status": "started"}, status=202)
 
     async def _status(self, request: web.Request) -> web.Response:
         self._record(request)
@@ -406,25 +391,21 @@ class FakeHermes:
             return bad
         raw_choice = str(body.get("choice", "")).strip().lower()
         choice = CHOICE_ALIASES.get(raw_choice, raw_choice)
-        raw_request_id = body.get("request_id")
-        request_id = raw_request_id.strip() if isinstance(raw_request_id, str) else ""
-        if raw_request_id is not None and (not request_id or len(request_id) > 256):
-            return self._reject("Approval request_id is invalid.", status=400, code="invalid_approval_request")
         if choice not in {"once", "session", "always", "deny"}:
-            return self._reject("Invalid approval choice; expected one of: always, deny, once, session",
+            return self._reject("Invalid approval choice; expected one of: once, session, always, deny",
                                 status=400, code="invalid_approval_choice")
-        pending = run.approval
-        if pending is None or run.status != "waiting_for_approval" or (
-                request_id and request_id != pending["request_id"]):
+        if run.status in TERMINAL:
+            return self._reject(f"Run has no active approval session: {run.run_id}", status=409,
+                                code="approval_not_active")
+        if run.approval is None or run.status != "waiting_for_approval":
             return self._reject(f"Run has no pending approval: {run.run_id}", status=409,
                                 code="approval_not_pending")
-        run.answers.append({"choice": choice, "request_id": request_id or None})
+        run.answers.append({"choice": choice})
         run.approval = None
         run.status = "running"
-        fields = {"request_id": request_id} if request_id else {}
-        self.emit(run.run_id, "approval.responded", choice=choice, resolved=1, **fields)
+        self.emit(run.run_id, "approval.responded", choice=choice, resolved=1)
         return web.json_response({"object": "hermes.run.approval_response", "run_id": run.run_id,
-                                  "choice": choice, **fields, "resolved": 1})
+                                  "choice": choice, "resolved": 1})
 
     async def _stop(self, request: web.Request) -> web.Response:
         self._record(request)
@@ -433,8 +414,8 @@ class FakeHermes:
         run, missing = self._run(request)
         if missing is not None:
             return missing
-        if run.status in TERMINAL:
-            return web.json_response(run.status_body())
+        if run.status in TERMINAL:  # the real server forgets a run's agent once it ends
+            return _error(f"Run not found: {run.run_id}", status=404, code="run_not_found")
         run.status = "stopping"
         run.last_event = "run.stopping"
         if self.settle_stop:

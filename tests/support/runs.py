@@ -15,6 +15,7 @@ import socket
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from common.store import open_store
 from runs import MIGRATIONS, Delivery, RunsConfig, RunService
@@ -103,13 +104,14 @@ class Harness:
 
 
 @contextlib.asynccontextmanager
-async def harness(tmp_path, *, fake: FakeHermes | None = None, lanes=("hermes-api", "command"),
+async def harness(tmp_path, *, fake: FakeHermes | Any = None, lanes=("hermes-api", "command"),
                   command=None, vt: VirtualClock | None = None, owner: str | None = None, attach: bool = True,
                   crash: bool = False, secrets: tuple[str, ...] = (), hold_delivery_s: float = 0.0,
                   database_url: str | None = None, **config) -> AsyncIterator[Harness]:
+    """`fake`: a FakeHermes, or anything with a `.url` (a RealHermes, with `hermes_key=REAL_KEY`)."""
     vt = vt or VirtualClock(1_750_000_000.0)
     url = fake.url if fake else f"http://127.0.0.1:{free_port()}"
-    cfg = RunsConfig(lanes=tuple(lanes), hermes_url=url, hermes_key=KEY,
+    cfg = RunsConfig(lanes=tuple(lanes), hermes_url=url, hermes_key=config.pop("hermes_key", KEY),
                      command=tuple(command or agent_command("answer")), **config)
     store = await open_store(tmp_path / "home", MIGRATIONS, database_url=database_url)
     sink, call = RecordingSink(), RecordingCall()
