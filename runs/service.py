@@ -431,6 +431,11 @@ class RunService:
         if (ticket is None or ticket.state is not RunState.WAITING_FOR_APPROVAL or ticket.approval is None
                 or ticket.approval.request_id != request_id):
             return
+        # Decided: from here no observation may cancel this task. Answering makes the lane report the run
+        # running again, and that report (on the stream's task) would otherwise cancel this timer before
+        # it says the question was denied (seen on PostgreSQL, whose slower write lost the race).
+        if self._approval_timers.get(run_id) is asyncio.current_task():
+            del self._approval_timers[run_id]
         await self.repo.log(run_id, "approval", "no answer in time: denied", self._clock())
         try:
             await self.lanes[ticket.lane].answer(ticket, request_id, "deny")

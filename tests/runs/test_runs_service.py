@@ -173,6 +173,29 @@ async def test_an_unanswered_question_is_denied_when_its_time_is_up(tmp_path, da
         fake.assert_clean()
 
 
+async def test_the_automatic_deny_is_said_even_when_the_stream_reports_the_answer_first(tmp_path):
+    """Answering makes Hermes send `approval.responded` on the run's stream; when that report lands
+    before the timer's own (a slower store), it must not cancel the timer before it says so."""
+    async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, approval_timeout_s=90) as h:
+        lane = h.service.lanes["hermes-api"]
+        answer = lane.answer
+
+        async def answer_then_let_the_stream_win(ticket, request_id, choice):
+            await answer(ticket, request_id, choice)
+            await h.until(ticket.id, lambda t: t.state is RunState.RUNNING)  # the stream's report is stored
+
+        lane.answer = answer_then_let_the_stream_win
+        await h.service.delegate("deploy the site")
+        run = await accepted(h, 1)
+        await asyncio.wait_for(fake.runs[run.external_id].stream_open.wait(), SAFETY_S)
+        fake.request_approval(run.external_id, choices=("once", "deny"))
+        await h.until(1, lambda t: t.state is RunState.WAITING_FOR_APPROVAL)
+        await h.vt.wait_sleeper(lambda d: d == 90)
+        h.vt.advance(90)
+        await asyncio.wait_for(h.call.wait_said("so I denied it"), SAFETY_S)
+        assert fake.runs[run.external_id].answers == [{"choice": "deny"}]
+
+
 async def test_a_choice_the_question_does_not_offer_is_refused(tmp_path, database_url):
     async with FakeHermes(key=KEY) as fake, harness(tmp_path, fake=fake, database_url=database_url) as h:
         await h.service.delegate("deploy the site")
